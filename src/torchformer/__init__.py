@@ -1,0 +1,45 @@
+"""torchformer: the Transformer in all three shapes, small, readable, proven equal to the references.
+
+The public surface (DESIGN section 5) is re-exported here; no logic lives in this file.
+"""
+
+from . import analysis, presets
+from .analysis.accounting import count_params
+from .config import (
+    ALiBi,
+    AttentionConfig,
+    BlockConfig,
+    Learned,
+    ModelConfig,
+    RelativeBias,
+    RoPE,
+    Sinusoidal,
+)
+from .models.build import build_model
+from .models.decoder import DecoderLM
+from .models.encoder import Encoder
+from .models.encoder_decoder import EncoderDecoder
+from .models.saving import load, save
+from .nn.kv_cache import KVCache
+
+__all__ = [
+    "ALiBi",
+    "AttentionConfig",
+    "BlockConfig",
+    "DecoderLM",
+    "Encoder",
+    "EncoderDecoder",
+    "KVCache",
+    "Learned",
+    "ModelConfig",
+    "RelativeBias",
+    "RoPE",
+    "Sinusoidal",
+    "analysis",
+    "build_model",
+    "count_params",
+    "load",
+    "presets",
+    "save",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,387 @@
+"""Model configuration: frozen, typed, nested by concern, validated once. Imports no torch.
+
+Every rule is checked in ``__post_init__``; all violations are gathered into one ``ValueError``
+that names each field, its value and what is allowed. Configs round-trip through JSON with
+``to_dict`` / ``from_dict``; position schemes carry a ``kind`` tag, and unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
+
+Arch = Literal["decoder", "encoder", "encoder_decoder"]
+Norm = Literal["layernorm", "rmsnorm"]
+Placement = Literal["pre", "post"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+Backend = Literal["math", "sdpa"]
+Init = Literal["normal", "xavier"]
+GATED: frozenset[str] = frozenset({"swiglu", "geglu"})
+
+
+def _check(problems: list[str], ok: bool, name: str, value: Any, allowed: str) -> None:
+    if not ok:
+        problems.append(f"{name}={value!r}: {allowed}")
+
+
+def _check_choice(problems: list[str], name: str, value: Any, literal: Any) -> None:
+    choices = get_args(literal)
+    _check(problems, value in choices, name, value, f"must be one of {list(choices)}")
+
+
+def _raise(cls_name: str, problems: list[str]) -> None:
+    if problems:
+        lines = "\n  - ".join(problems)
+        raise ValueError(f"invalid {cls_name}:\n  - {lines}")
+
+
+class _Validated:
+    """Nested configs check their own fields on construction; ModelConfig adds cross-field rules."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        self._problems(problems)  # type: ignore[attr-defined]
+        _raise(type(self).__name__, problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# Position schemes: one small class each, so no field is meaningless for the scheme in use.
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sinusoidal(_Validated):
+    """Fixed sin/cos added to the embeddings (Vaswani et al. 2017, section 3.5).
+
+    layout "interleaved": sin at even, cos at odd features (the paper);
+    layout "split": sin in the first half, cos in the second (Marian, tensor2tensor).
+    """
+
+    layout: Literal["interleaved", "split"] = "interleaved"
+    base: float = 10000.0
+
+    def _problems(self, p: list[str]) -> None:
+        _check_choice(p, "positions.layout", self.layout, Literal["interleaved", "split"])
+        _check(p, self.base > 1, "positions.base", self.base, "must be > 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Learned(_Validated):
+    """A learned table added to the embeddings; ``offset`` rows are skipped (BART uses 2)."""
+
+    offset: int = 0
+
+    def _problems(self, p: list[str]) -> None:
+        _check(p, self.offset >= 0, "positions.offset", self.offset, "must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoPE(_Validated):
+    """Rotary embeddings (Su et al. 2021) applied to q and k.
+
+    pairing "half": feature i pairs with i + E/2 (HF Llama); "interleaved": 2i with 2i+1 (Meta).
+    """
+
+    base: float = 10000.0
+    pairing: Literal["half", "interleaved"] = "half"
+
+    def _problems(self, p: list[str]) -> None:
+        _check_choice(p, "positions.pairing", self.pairing, Literal["half", "interleaved"])
+        _check(p, self.base > 1, "positions.base", self.base, "must be > 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ALiBi(_Validated):
+    """Linear biases on attention scores, one slope per head (Press et al. 2022)."""
+
+    def _problems(self, p: list[str]) -> None:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RelativeBias(_Validated):
+    """T5-style learned per-head scalar bias over bucketed relative distance."""
+
+    num_buckets: int = 32
+    max_distance: int = 128
+
+    def _problems(self, p: list[str]) -> None:
+        _check(p, self.num_buckets >= 4, "positions.num_buckets", self.num_buckets, "must be >= 4")
+        _check(
+            p,
+            self.max_distance > self.num_buckets // 2,
+            "positions.max_distance",
+            self.max_distance,
+            f"must be > num_buckets // 2 = {self.num_buckets // 2}",
+        )
+
+
+Positions = Sinusoidal | Learned | RoPE | ALiBi | RelativeBias
+POSITION_KINDS: dict[str, type] = {
+    "sinusoidal": Sinusoidal,
+    "learned": Learned,
+    "rope": RoPE,
+    "alibi": ALiBi,
+    "relative_bias": RelativeBias,
+}
+_KIND_OF = {cls: kind for kind, cls in POSITION_KINDS.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionConfig(_Validated):
+    """Heads and projections. n_kv_heads < n_heads is GQA, 1 is MQA; None means n_heads.
+
+    ``bias`` covers the q/k/v projections; ``out_bias`` the output projection (None: same as bias;
+    Qwen2 has q/k/v bias without an output bias). ``sliding_window`` limits each query to the
+    last W keys (Mistral).
+    """
+
+    n_heads: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    bias: bool = False
+    out_bias: bool | None = None
+    dropout: float = 0.0
+    backend: Backend = "sdpa"
+    sliding_window: int | None = None
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def o_bias(self) -> bool:
+        return self.bias if self.out_bias is None else self.out_bias
+
+    def _problems(self, p: list[str]) -> None:
+        _check(p, self.n_heads >= 1, "attention.n_heads", self.n_heads, "must be >= 1")
+        kv = self.kv_heads
+        _check(p, kv >= 1, "attention.n_kv_heads", self.n_kv_heads, "must be >= 1")
+        if kv >= 1 and self.n_heads >= 1:
+            _check(
+                p,
+                self.n_heads % kv == 0,
+                "attention.n_kv_heads",
+                self.n_kv_heads,
+                f"must divide n_heads={self.n_heads} (GQA groups are equal)",
+            )
+        if self.head_dim is not None:
+            _check(p, self.head_dim >= 1, "attention.head_dim", self.head_dim, "must be >= 1")
+        _check(p, 0.0 <= self.dropout < 1.0, "attention.dropout", self.dropout, "must be in [0, 1)")
+        _check_choice(p, "attention.backend", self.backend, Backend)
+        if self.sliding_window is not None:
+            _check(p, self.sliding_window >= 1, "attention.sliding_window", self.sliding_window, "must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockConfig(_Validated):
+    """One residual block: norm kind and placement, MLP kind and width, dropout.
+
+    d_ff None picks the default: 4 * d_model, or for gated MLPs 8/3 * d_model rounded up to a
+    multiple of 256 (Llama: 4096 -> 11008), which keeps the parameter count of a 4x ungated MLP.
+    """
+
+    norm: Norm = "layernorm"
+    norm_eps: float = 1e-5
+    norm_bias: bool = True
+    norm_placement: Placement = "pre"
+    mlp: Activation = "gelu"
+    d_ff: int | None = None
+    bias: bool = False
+    dropout: float = 0.0
+
+    def _problems(self, p: list[str]) -> None:
+        _check_choice(p, "block.norm", self.norm, Norm)
+        _check_choice(p, "block.norm_placement", self.norm_placement, Placement)
+        _check_choice(p, "block.mlp", self.mlp, Activation)
+        _check(p, self.norm_eps > 0, "block.norm_eps", self.norm_eps, "must be > 0")
+        if self.d_ff is not None:
+            _check(p, self.d_ff >= 1, "block.d_ff", self.d_ff, "must be >= 1")
+        _check(p, 0.0 <= self.dropout < 1.0, "block.dropout", self.dropout, "must be in [0, 1)")
+
+
+def default_d_ff(d_model: int, mlp: str) -> int:
+    """4 * d_model; gated: 8/3 * d_model rounded up to a multiple of 256."""
+    if mlp in GATED:
+        return 256 * math.ceil(8 * d_model / 3 / 256)
+    return 4 * d_model
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A whole model. ``arch`` picks the family; the nested configs pick every variant.
+
+    positions None means no position information at all (a bag-of-tokens model).
+    embed_scale multiplies token embeddings by sqrt(d_model) (Vaswani 2017, section 3.4).
+    embed_norm puts a norm after the embedding sum (BERT, BART's layernorm_embedding).
+    final_norm None means: a final norm for pre-norm stacks, none for post-norm ones.
+    tie_embeddings ties the output projection to the (target) token embeddings;
+    share_embeddings uses one token table for encoder and decoder (encoder_decoder only).
+    """
+
+    arch: Arch = "decoder"
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_decoder_layers: int | None = None
+    max_seq_len: int = 1024
+    attention: AttentionConfig
+    block: BlockConfig = field(default_factory=BlockConfig)
+    positions: Positions | None = field(default_factory=RoPE)
+    tie_embeddings: bool = True
+    share_embeddings: bool = True
+    embed_scale: bool = False
+    embed_norm: bool = False
+    final_norm: bool | None = None
+    final_logits_bias: bool = False
+    n_token_types: int = 0
+    dropout: float = 0.0
+    init: Init = "normal"
+    init_std: float = 0.02
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        _check_choice(p, "arch", self.arch, Arch)
+        _check_choice(p, "init", self.init, Init)
+        for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
+            value = getattr(self, name)
+            _check(p, isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
+        if self.n_decoder_layers is not None:
+            _check(
+                p,
+                self.arch == "encoder_decoder" and self.n_decoder_layers >= 1,
+                "n_decoder_layers",
+                self.n_decoder_layers,
+                "only for arch='encoder_decoder', and >= 1",
+            )
+        _check(p, self.n_token_types >= 0, "n_token_types", self.n_token_types, "must be >= 0")
+        _check(p, 0.0 <= self.dropout < 1.0, "dropout", self.dropout, "must be in [0, 1)")
+        _check(p, self.init_std > 0, "init_std", self.init_std, "must be > 0")
+        if not isinstance(self.attention, AttentionConfig):
+            p.append(f"attention={self.attention!r}: must be an AttentionConfig")
+        else:
+            self.attention._problems(p)
+            if self.attention.head_dim is None and self.attention.n_heads >= 1:
+                _check(
+                    p,
+                    self.d_model % self.attention.n_heads == 0,
+                    "d_model",
+                    self.d_model,
+                    f"must be divisible by attention.n_heads={self.attention.n_heads} (or give attention.head_dim)",
+                )
+        if not isinstance(self.block, BlockConfig):
+            p.append(f"block={self.block!r}: must be a BlockConfig")
+        else:
+            self.block._problems(p)
+        if self.positions is not None and type(self.positions) not in _KIND_OF:
+            p.append(f"positions={self.positions!r}: must be one of {list(POSITION_KINDS)} or None")
+        elif self.positions is not None:
+            self.positions._problems(p)
+            if isinstance(self.positions, RoPE) and isinstance(self.attention, AttentionConfig):
+                hd = self._head_dim_or_none()
+                _check(p, hd is None or hd % 2 == 0, "attention.head_dim", hd, "RoPE needs an even head_dim")
+            if isinstance(self.positions, Sinusoidal):
+                _check(p, self.d_model % 2 == 0, "d_model", self.d_model, "sinusoidal positions need it even")
+        if self.arch == "encoder" and isinstance(self.attention, AttentionConfig):
+            _check(
+                p,
+                self.attention.sliding_window is None,
+                "attention.sliding_window",
+                self.attention.sliding_window,
+                "is for causal decoders only",
+            )
+        if self.arch != "encoder":
+            _check(p, self.n_token_types == 0, "n_token_types", self.n_token_types, "only for arch='encoder'")
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(p, 0 <= value < self.vocab_size, name, value, f"must be in [0, vocab_size={self.vocab_size})")
+        _raise("ModelConfig", p)
+
+    def _head_dim_or_none(self) -> int | None:
+        a = self.attention
+        if a.head_dim is not None:
+            return a.head_dim
+        return self.d_model // a.n_heads if a.n_heads >= 1 and self.d_model % a.n_heads == 0 else None
+
+    # -- derived values (read once by the builder) ------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        hd = self._head_dim_or_none()
+        assert hd is not None
+        return hd
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.attention.kv_heads
+
+    @property
+    def d_ff(self) -> int:
+        return self.block.d_ff if self.block.d_ff is not None else default_d_ff(self.d_model, self.block.mlp)
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_layers if self.n_decoder_layers is None else self.n_decoder_layers
+
+    @property
+    def has_final_norm(self) -> bool:
+        return self.block.norm_placement == "pre" if self.final_norm is None else self.final_norm
+
+    @property
+    def is_causal(self) -> bool:
+        return self.arch != "encoder"
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with fields changed; nested configs can be given as dicts of changes."""
+        for name in ("attention", "block"):
+            if isinstance(changes.get(name), dict):
+                changes[name] = dataclasses.replace(getattr(self, name), **changes[name])
+        return dataclasses.replace(self, **changes)
+
+    # -- JSON ---------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["attention"] = dataclasses.asdict(self.attention)
+        out["block"] = dataclasses.asdict(self.block)
+        pos = self.positions
+        out["positions"] = None if pos is None else {"kind": _KIND_OF[type(pos)], **dataclasses.asdict(pos)}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        data = dict(data)
+        _reject_unknown(cls, data, "ModelConfig")
+        if isinstance(data.get("attention"), dict):
+            data["attention"] = _from_plain(AttentionConfig, data["attention"], "attention")
+        if isinstance(data.get("block"), dict):
+            data["block"] = _from_plain(BlockConfig, data["block"], "block")
+        pos = data.get("positions", "absent")
+        if isinstance(pos, dict):
+            pos = dict(pos)
+            kind = pos.pop("kind", None)
+            if kind not in POSITION_KINDS:
+                raise ValueError(f"positions.kind={kind!r}: must be one of {list(POSITION_KINDS)}")
+            data["positions"] = _from_plain(POSITION_KINDS[kind], pos, "positions")
+        elif pos == "absent":
+            data.pop("positions", None)
+        return cls(**data)
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) in {where}: {unknown}; allowed: {sorted(known)}")
+
+
+def _from_plain(cls: type, data: dict[str, Any], where: str) -> Any:
+    _reject_unknown(cls, data, where)
+    return cls(**data)

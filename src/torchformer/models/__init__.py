@@ -1,0 +1,1 @@
+"""The three model shapes, built from a ModelConfig by models/build.py."""

@@ -1,0 +1,195 @@
+"""THE place where config words become classes and functions. Every choice is a literal table,
+so one file lists every option; after build, no forward reads the config or compares a string.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ALiBi, Learned, ModelConfig, RelativeBias, RoPE, Sinusoidal
+from ..nn.attention import Attention
+from ..nn.backends import math_attention, sdpa_attention
+from ..nn.block import Block, post_norm, pre_norm
+from ..nn.mlp import MLP, GatedMLP
+from ..nn.norms import LayerNorm, RMSNorm
+from ..nn.positions import (
+    ALiBiBias,
+    LearnedPositions,
+    RelativePositionBias,
+    RotaryTable,
+    SinusoidalPositions,
+    rotate_half,
+    rotate_interleaved,
+)
+from .stack import Embeddings, Stack, embed_scale
+
+NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,  # exact erf form (BERT)
+    "gelu_tanh": partial(F.gelu, approximate="tanh"),  # GPT-2's gelu_new
+    "silu": F.silu,  # a.k.a. swish (Marian)
+}
+MLPS = {  # mlp word -> (module, activation)
+    "relu": (MLP, "relu"),
+    "gelu": (MLP, "gelu"),
+    "gelu_tanh": (MLP, "gelu_tanh"),
+    "silu": (MLP, "silu"),
+    "swiglu": (GatedMLP, "silu"),
+    "geglu": (GatedMLP, "gelu"),
+}
+BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
+RESIDUALS = {"pre": pre_norm, "post": post_norm}
+ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
+
+
+def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
+    """The (B, T, D) term added to the embeddings, for the absolute schemes."""
+    pos = cfg.positions
+    table = {
+        Sinusoidal: lambda: SinusoidalPositions(cfg.max_seq_len, cfg.d_model, pos.base, pos.layout),
+        Learned: lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model, pos.offset),
+    }
+    make = table.get(type(pos))
+    return None if make is None else make()
+
+
+def rotary(cfg: ModelConfig) -> tuple[nn.Module | None, Callable | None]:
+    if not isinstance(cfg.positions, RoPE):
+        return None, None
+    return RotaryTable(cfg.max_seq_len, cfg.head_dim, cfg.positions.base), ROTATIONS[cfg.positions.pairing]
+
+
+def score_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
+    pos, heads = cfg.positions, cfg.attention.n_heads
+    table = {
+        ALiBi: lambda: ALiBiBias(heads),
+        RelativeBias: lambda: RelativePositionBias(heads, pos.num_buckets, pos.max_distance, not causal),
+    }
+    make = table.get(type(pos))
+    return None if make is None else make()
+
+
+def norm(cfg: ModelConfig) -> nn.Module:
+    b = cfg.block
+    return NORMS[b.norm](cfg.d_model, eps=b.norm_eps, bias=b.norm_bias)
+
+
+def dropout(p: float) -> nn.Module:
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
+    a = cfg.attention
+    return Attention(
+        cfg.d_model,
+        a.n_heads,
+        a.kv_heads,
+        cfg.head_dim,
+        bias=a.bias,
+        out_bias=a.o_bias,
+        dropout=a.dropout,
+        backend=BACKENDS[a.backend],
+        rotate=rotate,
+    )
+
+
+def block(cfg: ModelConfig, rotate: Callable | None, cross: bool) -> Block:
+    mlp_cls, act = MLPS[cfg.block.mlp]
+    return Block(
+        attention(cfg, rotate),
+        norm(cfg),
+        mlp_cls(cfg.d_model, cfg.d_ff, ACTIVATIONS[act], cfg.block.bias),
+        norm(cfg),
+        residual=RESIDUALS[cfg.block.norm_placement],
+        dropout=dropout(cfg.block.dropout),
+        cross_attn=attention(cfg, None) if cross else None,
+        cross_norm=norm(cfg) if cross else None,
+    )
+
+
+def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False) -> Stack:
+    rope, rotate = rotary(cfg)
+    return Stack(
+        [block(cfg, rotate, cross) for _ in range(n_layers)],
+        norm(cfg) if cfg.has_final_norm else nn.Identity(),
+        causal=causal,
+        rope=rope,
+        score_bias=score_bias(cfg, causal),
+        window=cfg.attention.sliding_window if causal else None,
+    )
+
+
+def embeddings(cfg: ModelConfig, tok: nn.Embedding, token_types: int = 0) -> Embeddings:
+    return Embeddings(
+        tok,
+        scale=embed_scale(cfg.embed_scale, cfg.d_model),
+        absolute=absolute_positions(cfg),
+        token_types=nn.Embedding(token_types, cfg.d_model) if token_types else None,
+        norm=norm(cfg) if cfg.embed_norm else None,
+        dropout=dropout(cfg.dropout),
+    )
+
+
+def lm_head(cfg: ModelConfig, tok: nn.Embedding) -> nn.Linear:
+    head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias)
+    if cfg.tie_embeddings:
+        head.weight = tok.weight
+    return head
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """DecoderLM, Encoder or EncoderDecoder for ``cfg``, initialised (see ``init_weights``).
+
+    Build under ``torch.device("meta")`` to count parameters of a large model without memory.
+    """
+    from .decoder import DecoderLM
+    from .encoder import Encoder
+    from .encoder_decoder import EncoderDecoder
+
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
+    tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    if cfg.arch == "decoder":
+        model = DecoderLM(cfg, embeddings(cfg, tok), stack(cfg, cfg.n_layers, causal=True), lm_head(cfg, tok))
+    elif cfg.arch == "encoder":
+        model = Encoder(cfg, embeddings(cfg, tok, cfg.n_token_types), stack(cfg, cfg.n_layers, causal=False))
+    else:
+        tgt_tok = tok if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        model = EncoderDecoder(
+            cfg,
+            embeddings(cfg, tok),
+            stack(cfg, cfg.n_layers, causal=False),
+            embeddings(cfg, tgt_tok),
+            stack(cfg, cfg.decoder_layers, causal=True, cross=True),
+            lm_head(cfg, tgt_tok),
+        )
+    init_weights(model, cfg)
+    return model
+
+
+RESIDUAL_OUTPUTS = ("o_proj", "down")
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """normal: N(0, init_std) for matrices and tables, with the projections that write into the
+    residual stream (o_proj, mlp.down) scaled by 1/sqrt(2 * n_layers) (GPT-2) so the residual's
+    variance does not grow with depth. xavier: Glorot-uniform for every matrix (the 2017 base
+    model as The Annotated Transformer initialises it). Biases 0, norm weights 1."""
+    depth_scale = 1 / math.sqrt(2 * max(cfg.n_layers, cfg.decoder_layers))
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear | nn.Embedding | LearnedPositions | RelativePositionBias):
+            if cfg.init == "xavier":
+                nn.init.xavier_uniform_(module.weight)
+            else:
+                scale = depth_scale if name.rsplit(".", 1)[-1] in RESIDUAL_OUTPUTS else 1.0
+                nn.init.normal_(module.weight, std=cfg.init_std * scale)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)

@@ -1,0 +1,54 @@
+"""Boundary checks for model inputs: clear errors before any tensor work."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_ids(ids: Tensor, name: str, vocab_size: int, max_seq_len: int) -> None:
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of token ids, got {type(ids).__name__}")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (batch, seq_len), got shape {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} is empty (seq_len 0): give at least one token")
+    if ids.shape[1] > max_seq_len:
+        raise ValueError(f"{name} has seq_len {ids.shape[1]} > max_seq_len={max_seq_len} of this model")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name} holds ids in [{lo}, {hi}], outside [0, vocab_size={vocab_size})")
+
+
+def check_mask(mask: Tensor | None, name: str, ids: Tensor, ids_name: str) -> None:
+    if mask is None:
+        return
+    if tuple(mask.shape) != tuple(ids.shape):
+        raise ValueError(
+            f"{name} has shape {tuple(mask.shape)} but {ids_name} has shape {tuple(ids.shape)}; they must match"
+        )
+
+
+def check_positions(positions: Tensor | None, ids: Tensor, cache, max_seq_len: int) -> None:
+    """positions must fit the model's table and, with a cache, the cache's length."""
+    if positions is None:
+        if cache is not None:
+            raise ValueError("positions is required with cache=...: pass the slots to write, e.g. arange(T)")
+        return
+    if positions.dtype.is_floating_point:
+        raise TypeError(f"positions must be integers, got dtype {positions.dtype}")
+    if positions.shape[-1] != ids.shape[1] or positions.dim() not in (1, 2):
+        raise ValueError(f"positions has shape {tuple(positions.shape)}; expected (T,) or (B, T) with T={ids.shape[1]}")
+    lo, hi = int(positions.min()), int(positions.max())
+    if lo < 0 or hi >= max_seq_len:
+        raise ValueError(f"positions span [{lo}, {hi}], outside [0, max_seq_len={max_seq_len})")
+    if cache is not None:
+        if hi >= cache.max_len:
+            raise ValueError(
+                f"positions reach {hi} but the cache holds max_len={cache.max_len} positions; "
+                "allocate a larger cache with new_cache(batch_size, max_len)"
+            )
+        if cache.batch_size != ids.shape[0]:
+            raise ValueError(f"cache was allocated for batch_size={cache.batch_size}, got a batch of {ids.shape[0]}")

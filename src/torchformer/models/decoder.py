@@ -1,0 +1,63 @@
+"""Decoder-only language model: embeddings -> causal blocks -> final norm -> lm_head."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..nn.kv_cache import KVCache
+from .checks import check_ids, check_mask, check_positions
+from .stack import Embeddings, Stack, positions_from
+
+
+class DecoderLM(nn.Module):
+    def __init__(self, config: ModelConfig, embed: Embeddings, stack: Stack, lm_head: nn.Linear) -> None:
+        super().__init__()
+        self.config = config
+        self.embed, self.stack, self.lm_head = embed, stack, lm_head
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> Tensor:
+        """input_ids (B, T) -> logits (B, T, V).
+
+        attention_mask (B, T): 1 for real tokens, 0 for padding (left padding for generation).
+        With ``cache`` (from ``new_cache``), ``positions`` (T,) or (B, T) are the positions of
+        these tokens; their keys and values are stored there for later steps.
+        """
+        check_ids(input_ids, "input_ids", self.config.vocab_size, self.config.max_seq_len)
+        check_mask(attention_mask, "attention_mask", input_ids, "input_ids")
+        check_positions(positions, input_ids, cache, self.config.max_seq_len)
+        return self.logits(input_ids, positions_from(input_ids, positions, attention_mask), attention_mask, cache)
+
+    def logits(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        """The unchecked forward (generation loops and compiled steps call this)."""
+        ctx = self.stack.context(pos, attention_mask, cache)
+        return self.lm_head(self.stack(self.embed(ids, pos), ctx, cache))  # (B, T, V)
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:
+        """A static cache for ``batch_size`` rows of up to ``max_len`` positions."""
+        return new_self_cache(self.config, self.lm_head.weight, len(self.stack.blocks), batch_size, max_len, dtype)
+
+
+def new_self_cache(cfg: ModelConfig, like: Tensor, n_layers: int, batch_size: int, max_len, dtype) -> KVCache:
+    max_len = cfg.max_seq_len if max_len is None else max_len
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1")
+    if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
+        raise ValueError(f"max_len={max_len!r}: must be an integer in [1, max_seq_len={cfg.max_seq_len}]")
+    return KVCache.allocate(
+        n_layers,
+        batch_size,
+        max_len,
+        cfg.n_kv_heads,
+        cfg.head_dim,
+        dtype=like.dtype if dtype is None else dtype,
+        device=like.device,
+    )

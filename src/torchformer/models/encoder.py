@@ -1,0 +1,42 @@
+"""Encoder-only model (BERT-style): embeddings (+ token types) -> bidirectional blocks."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .checks import check_ids, check_mask, check_positions
+from .stack import Embeddings, Stack, positions_from
+
+
+class Encoder(nn.Module):
+    def __init__(self, config: ModelConfig, embed: Embeddings, stack: Stack) -> None:
+        super().__init__()
+        self.config = config
+        self.embed, self.stack = embed, stack
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """input_ids (B, T) -> hidden states (B, T, D). attention_mask (B, T): 0 marks padding."""
+        cfg = self.config
+        check_ids(input_ids, "input_ids", cfg.vocab_size, cfg.max_seq_len)
+        check_mask(attention_mask, "attention_mask", input_ids, "input_ids")
+        check_mask(token_type_ids, "token_type_ids", input_ids, "input_ids")
+        check_positions(positions, input_ids, None, cfg.max_seq_len)
+        # Encoders pad on the right, so positions are columns (as in BERT), not counted tokens.
+        return self.hidden(input_ids, positions_from(input_ids, positions, None), attention_mask, token_type_ids)
+
+    def hidden(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, token_type_ids=None) -> Tensor:
+        ctx = self.stack.context(pos, attention_mask, None)
+        return self.stack(self.embed(ids, pos, token_type_ids), ctx)  # (B, T, D)
+
+    def mlm_logits(self, hidden: Tensor) -> Tensor:
+        """Masked-LM logits (B, T, V) through the tied token embeddings."""
+        return F.linear(hidden, self.embed.tok.weight)

@@ -1,0 +1,110 @@
+"""Native checkpoints: a folder with config.json and model.safetensors (no pickle anywhere).
+
+Writes go to a temporary folder that is renamed into place, so an interrupted save never leaves
+a half-written checkpoint where a good one was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..config import ModelConfig
+from .build import build_model
+
+CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
+
+
+def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """state_dict with tied tensors stored once (safetensors refuses shared storage)."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key in seen and tensor.numel() > 0:
+            continue
+        seen[key] = name
+        out[name] = tensor.detach().contiguous()
+    return out
+
+
+def save(model: nn.Module, path: str | os.PathLike, *, extra_files: dict[str, str] | None = None) -> Path:
+    """Write ``model`` to folder ``path`` (created or replaced atomically). Returns the path.
+
+    extra_files maps file names to text content saved beside the weights (e.g. a tokenizer).
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError("save needs a torchformer model (built by build_model); it has no ModelConfig")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_file(unique_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+        tmp.rename(path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{path} is not a torchformer checkpoint: no {CONFIG_FILE} in it")
+    return ModelConfig.from_dict(json.loads((path / CONFIG_FILE).read_text()))
+
+
+def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.Module:
+    """Rebuild the model saved in folder ``path`` by ``save``."""
+    cfg = load_config(path)
+    weights = Path(path) / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"{path} has no {WEIGHTS_FILE}")
+    state = load_file(str(weights), device=str(device))
+    with torch.device("meta"):
+        model = build_model(cfg)
+    expected = unique_state(model)
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {weights} does not fit its config: missing {missing}, unexpected {unexpected}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(
+                f"tensor {name!r} has shape {tuple(tensor.shape)}, config expects {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=False, assign=True)
+    return materialize(model, cfg, device)
+
+
+def materialize(model: nn.Module, cfg: ModelConfig, device) -> nn.Module:
+    """After a meta-device build and load_state_dict(assign=True): re-tie the output head and
+    recompute the derived buffers (position tables) on the real device."""
+    if cfg.tie_embeddings and hasattr(model, "lm_head"):
+        tok = model.tgt_embed.tok if hasattr(model, "tgt_embed") else model.embed.tok
+        model.lm_head.weight = tok.weight
+    for module in model.modules():
+        if hasattr(module, "reset_buffers"):
+            module.reset_buffers(torch.device(device))
+    return model.eval()

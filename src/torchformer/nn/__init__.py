@@ -1,0 +1,1 @@
+"""Building blocks. No block knows which model it sits in; models/build.py wires them."""

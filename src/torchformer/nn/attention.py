@@ -1,0 +1,87 @@
+"""Multi-head attention: MHA, GQA and MQA by the number of K/V heads; self and cross.
+
+Legend: B batch, T query length, S key length, D model width, H query heads, K kv heads,
+E head dim. Forward: project, rotate (if RoPE), write the cache (if any), attend, merge, project.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from torch import Tensor, nn
+
+Rotation = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+class AttnInputs(NamedTuple):
+    """What the stack computes once per forward and hands to every layer."""
+
+    rope: tuple[Tensor, Tensor] | None  # cos, sin: (B, 1, T, E/2) each
+    mask: Tensor | None  # (B, 1, T, S) bool, True = may attend
+    bias: Tensor | None  # (B|1, H, T, S) additive score bias
+    is_causal: bool  # the plain lower triangle, used only when mask is None
+    slots: Tensor | None  # (B, T) cache slots to write this chunk's keys at
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        *,
+        bias: bool,
+        out_bias: bool,
+        dropout: float,
+        backend: Callable[..., Tensor],
+        rotate: Rotation | None,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
+        self.scale = head_dim**-0.5  # Vaswani 2017, 3.2.1: keeps score variance ~1
+        self.dropout = dropout
+        self.backend = backend
+        self.rotate = rotate
+
+    def split_heads(self, x: Tensor, n: int) -> Tensor:
+        return x.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # (B, n, T, E)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of a source sequence (B, S, D) -> (B, K, S, E) each."""
+        return self.split_heads(self.k_proj(memory), self.n_kv_heads), self.split_heads(
+            self.v_proj(memory), self.n_kv_heads
+        )
+
+    def forward(self, x: Tensor, ctx: AttnInputs, cache=None) -> Tensor:
+        """Self-attention of x (B, T, D) -> (B, T, D); cache is a LayerCache or None."""
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, E)
+        k, v = self.project_kv(x)  # (B, K, T, E)
+        if ctx.rope is not None:
+            q, k = self.rotate(q, *ctx.rope), self.rotate(k, *ctx.rope)
+        if cache is not None:
+            k, v = cache.write(k, v, ctx.slots)  # (B, K, S_max + 1, E)
+        return self.attend(q, k, v, ctx)
+
+    def cross(self, x: Tensor, kv: tuple[Tensor, Tensor], ctx: AttnInputs) -> Tensor:
+        """Cross-attention of x (B, T, D) over precomputed source keys/values (B, K, S, E)."""
+        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, E)
+        return self.attend(q, *kv, ctx)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttnInputs) -> Tensor:
+        out = self.backend(
+            q,
+            k,
+            v,
+            mask=ctx.mask,
+            bias=ctx.bias,
+            is_causal=ctx.is_causal,
+            scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0,
+        )  # (B, H, T, E)
+        return self.o_proj(out.transpose(1, 2).flatten(2))  # (B, T, D)

@@ -1,0 +1,84 @@
+"""Attention backends with one signature: (q, k, v, *, mask, bias, is_causal, scale, dropout_p).
+
+q (B, H, T, E); k, v (B, K, S, E) with H a multiple of K (GQA); mask (B, 1|H, T, S) bool,
+True = may attend; bias (B|1, H, T, S) added to the scaled scores. Query rows whose mask
+allows nothing return zeros, never NaN.
+
+``math_attention`` is the reference: matmul, fp32 softmax, matmul, and the only backend that can
+return the weights. ``sdpa_attention`` calls torch's fused kernel and shares K/V across a group
+with ``enable_gqa`` instead of copying them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(q k^T * scale + bias, masked) v with an fp32 softmax. Returns (B, H, T, E)
+    and, with need_weights, the post-softmax weights (B, H, T, S)."""
+    B, H, T, E = q.shape
+    K, S = k.shape[1], k.shape[2]
+    # Group the query heads that share a K/V head instead of repeating K/V: (B, K, G, T, E).
+    qg = q.view(B, K, H // K, T, E)
+    scores = (qg.float() @ k.float().unsqueeze(2).transpose(-1, -2)).view(B, H, T, S) * scale
+    if bias is not None:
+        scores = scores + bias
+    if is_causal:
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)[None, None]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        # Exact zeros for masked keys, and all-zero rows where nothing is visible.
+        weights = weights * mask
+    if dropout_p > 0.0:
+        weights = F.dropout(weights, p=dropout_p)
+    out = (weights.view(B, K, H // K, T, S) @ v.float().unsqueeze(2)).view(B, H, T, E).to(q.dtype)
+    return (out, weights) if need_weights else out
+
+
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    bias: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention with the reference's semantics."""
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    if mask is not None:
+        # A row with no visible key: zeros, as the reference gives (SDPA may return NaN there).
+        out = out * mask.any(dim=-1, keepdim=True)
+    return out

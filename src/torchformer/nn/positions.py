@@ -1,0 +1,147 @@
+"""Position schemes. Absolute ones return a (B, T, D) term added to the embeddings, RoPE returns
+(cos, sin) rows for the attention to rotate q and k with, ALiBi and relative bias return an
+additive (B, H, T, S) score bias. All are indexed by per-row positions (B, T), so left-padded
+rows and cached decoding see the same values as an unpadded full forward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid_table(n_pos: int, dim: int, base: float, layout: str) -> Tensor:
+    """PE(pos, 2i) = sin(pos / base^(2i/D)), PE(pos, 2i+1) = cos(...) (Vaswani 2017, 3.5).
+
+    layout "interleaved" puts sin/cos at even/odd features, "split" puts all sines first.
+    Returns (n_pos, dim) in fp32.
+    """
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
+    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq  # (N, D/2)
+    if layout == "interleaved":
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (N, D)
+    else:
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (N, D)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    def __init__(self, max_len: int, dim: int, base: float, layout: str) -> None:
+        super().__init__()
+        self.args = (max_len, dim, base, layout)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | None = None) -> None:
+        """(Re)compute the table; not persistent, as it follows from the config."""
+        self.register_buffer("table", sinusoid_table(*self.args).to(device), persistent=False)
+
+    def forward(self, pos: Tensor) -> Tensor:  # (B, T) -> (B, T, D)
+        return self.table[pos]
+
+
+class LearnedPositions(nn.Module):
+    def __init__(self, max_len: int, dim: int, offset: int = 0) -> None:
+        super().__init__()
+        self.offset = offset
+        self.weight = nn.Parameter(torch.empty(max_len + offset, dim))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, pos: Tensor) -> Tensor:  # (B, T) -> (B, T, D)
+        return self.weight[pos + self.offset]
+
+
+class RotaryTable(nn.Module):
+    """cos/sin of pos * base^(-2i/E) for i < E/2, looked up by position: (B, 1, T, E/2) each."""
+
+    def __init__(self, max_len: int, head_dim: int, base: float) -> None:
+        super().__init__()
+        self.args = (max_len, head_dim, base)
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | None = None) -> None:
+        max_len, head_dim, base = self.args
+        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (N, E/2)
+        self.register_buffer("cos", angles.cos().float().to(device), persistent=False)
+        self.register_buffer("sin", angles.sin().float().to(device), persistent=False)
+
+    def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, E/2)
+
+
+def rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate feature pairs (i, i + E/2) by the position angle (HF Llama's layout)."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, E/2) each
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate feature pairs (2i, 2i + 1) by the position angle (Meta's original layout)."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # (B, H, T, E/2, 2)
+    x1, x2 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
+    return out.to(x.dtype)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Geometric slopes 2^(-8/n), 2^(-16/n), ...; for n not a power of two, the closest power's
+    slopes plus every other slope of the next power (Press et al. 2022, their reference code)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(n_heads))
+    slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiBias(nn.Module):
+    """bias[h, i, j] = -slope_h * |pos_i - pos_j| (for causal models only j <= i is ever used)."""
+
+    def __init__(self, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.reset_buffers()
+
+    def reset_buffers(self, device: torch.device | None = None) -> None:
+        self.register_buffer("slopes", alibi_slopes(self.n_heads).view(1, -1, 1, 1).to(device), persistent=False)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # (B, T), (B, S) -> (B, H, T, S)
+        distance = (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()
+        return -self.slopes * distance
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned bias: relative distance -> log-spaced bucket -> one scalar per head.
+
+    Half the buckets are exact small distances, the rest grow logarithmically up to
+    max_distance. Bidirectional models spend half the buckets on each direction.
+    """
+
+    def __init__(self, n_heads: int, num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.bidirectional = bidirectional
+        self.weight = nn.Parameter(torch.zeros(num_buckets, n_heads))
+
+    def bucket(self, relative: Tensor) -> Tensor:
+        """relative = key_pos - query_pos -> bucket index in [0, num_buckets)."""
+        n_buckets, offset = self.num_buckets, torch.zeros_like(relative)
+        if self.bidirectional:
+            n_buckets //= 2
+            offset = (relative > 0).long() * n_buckets
+            distance = relative.abs()
+        else:
+            distance = (-relative).clamp(min=0)
+        exact = n_buckets // 2
+        log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
+        large = (exact + (log_ratio * (n_buckets - exact)).long()).clamp(max=n_buckets - 1)
+        return offset + torch.where(distance < exact, distance, large)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # (B, T), (B, S) -> (B, H, T, S)
+        buckets = self.bucket(k_pos[:, None, :] - q_pos[:, :, None])  # (B, T, S)
+        return self.weight[buckets].permute(0, 3, 1, 2)

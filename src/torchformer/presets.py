@@ -1,0 +1,126 @@
+"""Named model shapes as data. ``get(name)`` returns a ModelConfig; ``names()`` lists them.
+
+Shapes follow the published models exactly; tests check parameter counts against the published
+figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
+"""
+
+from __future__ import annotations
+
+from .config import AttentionConfig, BlockConfig, Learned, ModelConfig, RoPE, Sinusoidal
+
+
+def _vanilla(d_model: int, n_heads: int, d_ff: int, dropout: float) -> ModelConfig:
+    # Vaswani et al. 2017, table 3: post-LN, sinusoidal positions, ReLU FFN, shared
+    # source/target/output embeddings (section 3.4) over a 37000-token BPE vocabulary.
+    return ModelConfig(
+        arch="encoder_decoder",
+        vocab_size=37000,
+        d_model=d_model,
+        n_layers=6,
+        n_decoder_layers=6,
+        max_seq_len=1024,
+        attention=AttentionConfig(n_heads=n_heads, bias=True, dropout=0.0),
+        block=BlockConfig(norm="layernorm", norm_placement="post", mlp="relu", d_ff=d_ff, bias=True, dropout=dropout),
+        positions=Sinusoidal(),
+        embed_scale=True,
+        tie_embeddings=True,
+        share_embeddings=True,
+        dropout=dropout,
+        init="xavier",
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=1,
+    )
+
+
+def _llama(
+    vocab: int,
+    d_model: int,
+    n_layers: int,
+    n_heads: int,
+    n_kv: int,
+    d_ff: int | None,
+    base: float,
+    max_len: int,
+    eps: float = 1e-5,
+) -> ModelConfig:
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=vocab,
+        d_model=d_model,
+        n_layers=n_layers,
+        max_seq_len=max_len,
+        attention=AttentionConfig(n_heads=n_heads, n_kv_heads=n_kv),
+        block=BlockConfig(norm="rmsnorm", norm_eps=eps, norm_placement="pre", mlp="swiglu", d_ff=d_ff),
+        positions=RoPE(base=base, pairing="half"),
+        tie_embeddings=False,
+    )
+
+
+def _bert(vocab: int, d_model: int, n_layers: int, n_heads: int, d_ff: int) -> ModelConfig:
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=vocab,
+        d_model=d_model,
+        n_layers=n_layers,
+        max_seq_len=512,
+        attention=AttentionConfig(n_heads=n_heads, bias=True),
+        block=BlockConfig(
+            norm="layernorm", norm_eps=1e-12, norm_placement="post", mlp="gelu", d_ff=d_ff, bias=True, dropout=0.1
+        ),
+        positions=Learned(),
+        n_token_types=2,
+        embed_norm=True,
+        dropout=0.1,
+        pad_token_id=0,
+    )
+
+
+_PRESETS = {
+    "vanilla-base": lambda: _vanilla(512, 8, 2048, 0.1),
+    "vanilla-big": lambda: _vanilla(1024, 16, 4096, 0.3),
+    "gpt2-small": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=50257,
+        d_model=768,
+        n_layers=12,
+        max_seq_len=1024,
+        attention=AttentionConfig(n_heads=12, bias=True),
+        block=BlockConfig(norm="layernorm", norm_placement="pre", mlp="gelu_tanh", bias=True),
+        positions=Learned(),
+        tie_embeddings=True,
+        eos_token_id=50256,
+        bos_token_id=50256,
+    ),
+    "bert-base": lambda: _bert(30522, 768, 12, 12, 3072),
+    "minilm-l6": lambda: _bert(30522, 384, 6, 12, 1536),
+    "llama2-7b": lambda: _llama(32000, 4096, 32, 32, 32, 11008, 10000.0, 4096),
+    "llama3-8b": lambda: _llama(128256, 4096, 32, 32, 8, 14336, 500000.0, 8192),
+    # ~1M parameters, GQA 4:2: for tests, demos and CPU experiments.
+    "llama-tiny": lambda: _llama(256, 128, 4, 4, 2, None, 10000.0, 512),
+    # The default training run (issue 4): a small pre-LN char-level decoder sized for 2 CPU cores.
+    "shakespeare-char": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=128,
+        d_model=128,
+        n_layers=4,
+        max_seq_len=256,
+        attention=AttentionConfig(n_heads=4),
+        block=BlockConfig(norm="layernorm", norm_placement="pre", mlp="gelu", bias=True),
+        positions=Learned(),
+        tie_embeddings=True,
+    ),
+}
+
+
+def names() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def get(name: str, **changes) -> ModelConfig:
+    """The preset ``name``, optionally with fields replaced (nested configs as dicts)."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; available: {names()}")
+    cfg = _PRESETS[name]()
+    return cfg.replace(**changes) if changes else cfg
