@@ -15,6 +15,7 @@ from .config import (
     RoPE,
     Sinusoidal,
 )
+from .loading import load_any, load_tokenizer
 from .models.build import build_model
 from .models.decoder import DecoderLM
 from .models.encoder import Encoder
@@ -39,6 +40,8 @@ __all__ = [
     "build_model",
     "count_params",
     "load",
+    "load_any",
+    "load_tokenizer",
     "presets",
     "save",
 ]
