@@ -4,7 +4,7 @@ The public surface (DESIGN section 5) is re-exported here; no logic lives in thi
 """
 
 from . import analysis, presets
-from .analysis.accounting import count_params
+from .analysis.accounting import count_params, flops_per_token, kv_cache_bytes
 from .config import (
     ALiBi,
     AttentionConfig,
@@ -15,6 +15,7 @@ from .config import (
     RoPE,
     Sinusoidal,
 )
+from .generation import beam_search, generate, stream
 from .loading import load_any, load_tokenizer
 from .models.build import build_model
 from .models.decoder import DecoderLM
@@ -22,6 +23,7 @@ from .models.encoder import Encoder
 from .models.encoder_decoder import EncoderDecoder
 from .models.saving import load, save
 from .nn.kv_cache import KVCache
+from .verify import verify
 
 __all__ = [
     "ALiBi",
@@ -37,12 +39,18 @@ __all__ = [
     "RoPE",
     "Sinusoidal",
     "analysis",
+    "beam_search",
     "build_model",
     "count_params",
+    "flops_per_token",
+    "kv_cache_bytes",
+    "generate",
     "load",
     "load_any",
     "load_tokenizer",
     "presets",
     "save",
+    "verify",
+    "stream",
 ]
 __version__ = "0.1.0"

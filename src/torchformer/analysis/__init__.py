@@ -1,5 +1,33 @@
 """Looking inside models: attention capture, head statistics, plots and cost accounting."""
 
-from .accounting import count_params
+from .accounting import (
+    activation_bytes,
+    count_params,
+    flops_per_token,
+    kv_cache_bytes,
+    matmul_peak_flops,
+    mfu,
+    param_breakdown,
+    training_bytes,
+)
+from .plots import ascii_attention, plot_attention
+from .record import Capture, Recording, record_attention
+from .stats import HeadStats, head_stats
 
-__all__ = ["count_params"]
+__all__ = [
+    "Capture",
+    "HeadStats",
+    "Recording",
+    "activation_bytes",
+    "ascii_attention",
+    "count_params",
+    "flops_per_token",
+    "head_stats",
+    "kv_cache_bytes",
+    "matmul_peak_flops",
+    "mfu",
+    "param_breakdown",
+    "plot_attention",
+    "record_attention",
+    "training_bytes",
+]

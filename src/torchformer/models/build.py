@@ -24,8 +24,10 @@ from ..nn.positions import (
     RelativePositionBias,
     RotaryTable,
     SinusoidalPositions,
+    interleave_sin_cos,
     rotate_half,
     rotate_interleaved,
+    split_sin_cos,
 )
 from .stack import Embeddings, Stack, embed_scale
 
@@ -47,13 +49,14 @@ MLPS = {  # mlp word -> (module, activation)
 BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
 RESIDUALS = {"pre": pre_norm, "post": post_norm}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
+SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
 
 
 def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
     """The (B, T, D) term added to the embeddings, for the absolute schemes."""
     pos = cfg.positions
     table = {
-        Sinusoidal: lambda: SinusoidalPositions(cfg.max_seq_len, cfg.d_model, pos.base, pos.layout),
+        Sinusoidal: lambda: SinusoidalPositions(cfg.max_seq_len, cfg.d_model, pos.base, SINUSOID_LAYOUTS[pos.layout]),
         Learned: lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model, pos.offset),
     }
     make = table.get(type(pos))

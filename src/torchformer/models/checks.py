@@ -39,8 +39,12 @@ def check_positions(positions: Tensor | None, ids: Tensor, cache, max_seq_len: i
         return
     if positions.dtype.is_floating_point:
         raise TypeError(f"positions must be integers, got dtype {positions.dtype}")
-    if positions.shape[-1] != ids.shape[1] or positions.dim() not in (1, 2):
-        raise ValueError(f"positions has shape {tuple(positions.shape)}; expected (T,) or (B, T) with T={ids.shape[1]}")
+    T = ids.shape[1]
+    if tuple(positions.shape) not in ((T,), (1, T), tuple(ids.shape)):
+        raise ValueError(
+            f"positions has shape {tuple(positions.shape)}; "
+            f"expected (T,) = ({T},), (1, T) or (B, T) = {tuple(ids.shape)}"
+        )
     lo, hi = int(positions.min()), int(positions.max())
     if lo < 0 or hi >= max_seq_len:
         raise ValueError(f"positions span [{lo}, {hi}], outside [0, max_seq_len={max_seq_len})")

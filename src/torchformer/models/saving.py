@@ -24,13 +24,14 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """state_dict with tied tensors stored once (safetensors refuses shared storage)."""
-    seen: dict[int, str] = {}
+    # Tied parameters are the same object; data_ptr() cannot tell them apart on the meta device,
+    # where every tensor reports 0.
+    seen: set[int] = set()
     out = {}
-    for name, tensor in model.state_dict().items():
-        key = tensor.data_ptr()
-        if key in seen and tensor.numel() > 0:
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
             continue
-        seen[key] = name
+        seen.add(id(tensor))
         out[name] = tensor.detach().contiguous()
     return out
 

@@ -98,7 +98,7 @@ class Stack(nn.Module):
 def positions_from(ids: Tensor, positions: Tensor | None, attention_mask: Tensor | None) -> Tensor:
     """Per-row positions (B, T): given, or counted over real tokens (left padding-aware)."""
     if positions is not None:
-        return positions.expand(ids.shape[0], -1) if positions.dim() == 1 else positions
+        return positions.expand(ids.shape[0], -1)  # (T,) or (1, T) or (B, T) -> (B, T)
     if attention_mask is not None:
         return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     return torch.arange(ids.shape[1], device=ids.device)[None, :].expand(ids.shape[0], -1)

@@ -38,7 +38,7 @@ def math_attention(
     if bias is not None:
         scores = scores + bias
     if is_causal:
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)[None, None]
+        mask = causal_triangle(T, S, q.device, mask)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
@@ -63,6 +63,11 @@ def sdpa_attention(
     dropout_p: float = 0.0,
 ) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention with the reference's semantics."""
+    T, S = q.shape[-2], k.shape[-2]
+    if is_causal and (T != S or bias is not None or mask is not None):
+        # SDPA's own is_causal aligns the triangle top-left when T != S and refuses an extra mask;
+        # the reference's triangle is bottom-right (the last query sees every key).
+        mask, is_causal = causal_triangle(T, S, q.device, mask), False
     attn_mask = mask
     if bias is not None:
         attn_mask = bias.to(q.dtype)
@@ -79,6 +84,13 @@ def sdpa_attention(
         enable_gqa=q.shape[1] != k.shape[1],
     )
     if mask is not None:
-        # A row with no visible key: zeros, as the reference gives (SDPA may return NaN there).
-        out = out * mask.any(dim=-1, keepdim=True)
+        # A row with no visible key: zeros, as the reference gives. Some SDPA kernels return NaN
+        # there, and NaN * 0 is NaN, so select instead of multiplying.
+        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     return out
+
+
+def causal_triangle(T: int, S: int, device: torch.device, mask: Tensor | None) -> Tensor:
+    """The lower triangle aligned bottom-right (query i sees keys <= i + S - T), AND ``mask``."""
+    tri = torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)[None, None]  # (1, 1, T, S)
+    return tri if mask is None else tri & mask

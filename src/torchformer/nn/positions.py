@@ -7,28 +7,35 @@ rows and cached decoding see the same values as an unpadded full forward.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 
-def sinusoid_table(n_pos: int, dim: int, base: float, layout: str) -> Tensor:
+def interleave_sin_cos(angles: Tensor) -> Tensor:
+    """sin at even, cos at odd features (the paper).  (N, D/2) -> (N, D)"""
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (N, D)
+
+
+def split_sin_cos(angles: Tensor) -> Tensor:
+    """All sines, then all cosines (tensor2tensor, Marian).  (N, D/2) -> (N, D)"""
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (N, D)
+
+
+def sinusoid_table(n_pos: int, dim: int, base: float, layout: Callable[[Tensor], Tensor]) -> Tensor:
     """PE(pos, 2i) = sin(pos / base^(2i/D)), PE(pos, 2i+1) = cos(...) (Vaswani 2017, 3.5).
 
-    layout "interleaved" puts sin/cos at even/odd features, "split" puts all sines first.
-    Returns (n_pos, dim) in fp32.
+    layout places the sines and cosines (``interleave_sin_cos`` or ``split_sin_cos``; build.py
+    maps the config word to one). Returns (n_pos, dim) in fp32.
     """
     inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
     angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq  # (N, D/2)
-    if layout == "interleaved":
-        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (N, D)
-    else:
-        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (N, D)
-    return table.float()
+    return layout(angles).float()
 
 
 class SinusoidalPositions(nn.Module):
-    def __init__(self, max_len: int, dim: int, base: float, layout: str) -> None:
+    def __init__(self, max_len: int, dim: int, base: float, layout: Callable[[Tensor], Tensor]) -> None:
         super().__init__()
         self.args = (max_len, dim, base, layout)
         self.reset_buffers()

@@ -1,0 +1,118 @@
+"""`torchformer attention`: where a model looks, as a head-statistics table, an ASCII map and a PNG."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from .. import presets
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "model", help=f"a checkpoint folder, a Hugging Face folder or a preset ({', '.join(presets.names())})"
+    )
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="input text (tokenized with the folder's tokenizer.json, else as UTF-8 bytes)")
+    text.add_argument("--ids", help="input token ids, comma-separated (when there is no tokenizer)")
+    p.add_argument("--target", help="encoder-decoder only: decoder input text (default: the same as --text)")
+    p.add_argument("--layer", type=int, default=None, help="only this block (default: all)")
+    p.add_argument("--head", type=int, default=None, help="the head shown as ASCII (default 0); with --out only it")
+    p.add_argument("--kind", choices=["self", "cross"], default="self", help="self- or cross-attention (default self)")
+    p.add_argument("--out", default=None, help="write a layer x head grid of heatmaps to this PNG")
+    p.add_argument("--seed", type=int, default=0, help="weights seed for a preset (random weights)")
+
+
+def encode(spec: str, text: str | None, ids: str | None, vocab_size: int) -> tuple[list[int], list[str]]:
+    """Token ids and their labels: from --ids, a tokenizer.json beside the model, or UTF-8 bytes."""
+    if ids is not None:
+        try:
+            out = [int(x) for x in ids.split(",") if x.strip()]
+        except ValueError as err:
+            raise ValueError(f"--ids={ids!r}: must be comma-separated integers") from err
+        labels = [str(i) for i in out]
+    elif (Path(spec) / "tokenizer.json").is_file():
+        from ..loading import load_tokenizer
+
+        tok = load_tokenizer(spec)
+        out = tok.encode(text).ids
+        labels = [tok.decode([i]) or tok.id_to_token(i) or str(i) for i in out]
+    else:
+        data = text.encode("utf-8")
+        if data and max(data) >= vocab_size:
+            raise ValueError(f"--text has bytes up to {max(data)} >= vocab_size={vocab_size}; pass --ids instead")
+        out, labels = list(data), [chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in data]
+    if not out:
+        raise ValueError("the input is empty: give --text or --ids with at least one token")
+    if max(out) >= vocab_size or min(out) < 0:
+        raise ValueError(f"token ids span [{min(out)}, {max(out)}], outside [0, vocab_size={vocab_size})")
+    return out, labels
+
+
+def capture(model, ids: list[int], target: list[int] | None, layer: int | None):
+    from ..analysis import record_attention
+
+    x = torch.tensor([ids])
+    layers = None if layer is None else [layer]
+    with torch.no_grad(), record_attention(model, layers=layers) as rec:
+        if model.config.arch == "encoder_decoder":
+            model(x, torch.tensor([target]))
+        else:
+            model(x)
+    return rec
+
+
+def run(args: argparse.Namespace) -> int:
+    """Record the attention of MODEL on a text; print per-head statistics and an ASCII map.
+
+    MODEL is a checkpoint, a Hugging Face folder or a preset (random weights). Entropy is in
+    nats (ln of the number of keys for a uniform head), max is the mean largest weight, distance
+    is the mean sum_j a_ij |i - j| in tokens. Encoder-decoders: --text is the source, --target
+    the decoder input; --kind cross shows the decoder's attention over the source.
+
+    torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png
+    """
+    from ..analysis import ascii_attention, head_stats, plot_attention
+    from ..loading import load_any
+
+    model = load_any(args.model, seed=args.seed)
+    cfg = model.config
+    ids, labels = encode(args.model, args.text, args.ids, cfg.vocab_size)
+    if len(ids) > cfg.max_seq_len:
+        raise ValueError(f"the input has {len(ids)} tokens > max_seq_len={cfg.max_seq_len}")
+    target, t_labels = ids, labels
+    if cfg.arch == "encoder_decoder" and args.target is not None:
+        target, t_labels = encode(args.model, args.target, None, cfg.vocab_size)
+    if args.kind == "cross" and cfg.arch != "encoder_decoder":
+        raise ValueError(f"--kind cross needs an encoder-decoder; this model is a {cfg.arch}")
+    if args.layer is not None and not 0 <= args.layer < max(cfg.n_layers, cfg.decoder_layers):
+        raise ValueError(f"--layer={args.layer}: must be in [0, {max(cfg.n_layers, cfg.decoder_layers)})")
+    if args.head is not None and not 0 <= args.head < cfg.attention.n_heads:
+        raise ValueError(f"--head={args.head}: must be in [0, {cfg.attention.n_heads})")
+    rec = capture(model, ids, target, args.layer)
+    stack = "decoder" if cfg.arch == "encoder_decoder" else None
+    caps = rec.select(kind=args.kind, stack=stack)
+    q_labels = t_labels if cfg.arch == "encoder_decoder" else labels
+    k_labels = labels if args.kind == "cross" else q_labels
+    print(f"{'layer':<26} {'head':>4} {'entropy':>8} {'max':>6} {'distance':>9}")
+    for c in caps:
+        for h, ent, top, dist in head_stats(c.weights).rows():
+            print(f"{c.name:<26} {h:>4} {ent:>8.3f} {top:>6.3f} {dist:>9.2f}")
+    shown = caps[0] if args.layer is None else caps[-1]
+    head = args.head or 0
+    print(f"\n{shown.name} head {head} (rows: queries, columns: keys; denser = more weight)")
+    print(ascii_attention(shown.weights[0, head], q_labels, k_labels))
+    if args.out is not None:
+        heads = None if args.head is None else [args.head]
+        path = plot_attention(
+            [c.weights for c in caps],
+            args.out,
+            tokens=q_labels,
+            key_tokens=k_labels,
+            titles=[c.name for c in caps],
+            heads=heads,
+        )
+        print(f"\nwrote {path}")
+    return 0

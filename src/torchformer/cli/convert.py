@@ -1,0 +1,52 @@
+"""`torchformer convert`: Hugging Face folder <-> torchformer checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+TOKENIZER = "tokenizer.json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--from-hf", metavar="DIR", help="a local Hugging Face model folder to read")
+    source.add_argument("--to-hf", metavar="CKPT", help="a torchformer checkpoint folder (or preset name) to export")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (replaced atomically if it exists)")
+    p.add_argument(
+        "--rope-pairing",
+        choices=["half", "interleaved"],
+        default="half",
+        help="with --from-hf: RoPE layout of the converted model (permutes q/k rows; same logits)",
+    )
+    p.add_argument("--no-strict", action="store_true", help="with --from-hf: drop tensors no rule knows")
+    p.add_argument("--model-type", help="with --to-hf: force a family (llama, mistral, qwen2, gpt2, bert, bart, marian)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Convert checkpoints, keeping every weight bit-exact.
+
+    torchformer convert --from-hf HF_DIR --out CKPT    HF folder -> torchformer checkpoint
+    torchformer convert --to-hf CKPT --out HF_DIR      torchformer checkpoint -> HF folder
+
+    tokenizer.json is copied along when the source folder has one. Nothing is downloaded.
+    """
+    from .. import load_any, save
+    from ..interop import from_hf, to_hf
+
+    if args.from_hf is not None:
+        model = from_hf(args.from_hf, rope_pairing=args.rope_pairing, strict=not args.no_strict)
+        out = save(model, args.out, extra_files=_tokenizer(args.from_hf))
+        kind = f"torchformer checkpoint ({model.config.arch}, {sum(p.numel() for p in model.parameters()):,} params)"
+    else:
+        model = load_any(args.to_hf)
+        text = _tokenizer(args.to_hf).get(TOKENIZER)
+        out = to_hf(model, args.out, model_type=args.model_type, tokenizer=text)
+        kind = "Hugging Face folder"
+    print(f"wrote {kind} to {out}")
+    return 0
+
+
+def _tokenizer(folder: str) -> dict[str, str]:
+    file = Path(folder) / TOKENIZER
+    return {TOKENIZER: file.read_text()} if file.is_file() else {}

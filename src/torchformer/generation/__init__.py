@@ -1,0 +1,7 @@
+"""Inference: ``generate`` / ``stream`` (greedy and sampled, over the static KV cache) and
+``beam_search``; the logits processors live in ``sampling``."""
+
+from .beam import Beams, beam_search
+from .generate import generate, stream
+
+__all__ = ["Beams", "beam_search", "generate", "stream"]

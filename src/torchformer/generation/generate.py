@@ -1,0 +1,153 @@
+"""``generate`` and ``stream``: prefill once, then one token per step through the static KV cache.
+
+Legend: B batch, T prompt length, N new tokens, V vocabulary. Every argument is checked once at
+the boundary (``request.py``); the loop itself runs the models' unchecked ``logits`` path and
+the pure processors of ``sampling.py``, with no per-token validation or host round trip other
+than the all-rows-finished test when ``eos_token_id`` is given.
+
+Finished rows: a row that produced an EOS id keeps it and is padded afterwards with
+``pad_token_id`` (default: the config's pad_token_id, else the first EOS id, else 0). Generation
+stops early once every row has finished, so the output can be shorter than T + max_new_tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from .request import Request, make_generator, make_request, sampling_options
+from .sampling import Sampling, choose, process
+from .steps import prefill, step_function
+
+
+class History:
+    """Tokens so far (B, L) and seen-token flags (B, V), kept only when a processor reads them."""
+
+    def __init__(self, prefix: Tensor, mask: Tensor | None, max_new: int, vocab_size: int) -> None:
+        B, T = prefix.shape
+        self.tokens = torch.zeros(B, T + max_new, dtype=prefix.dtype, device=prefix.device)
+        self.valid = torch.zeros(B, T + max_new, dtype=torch.bool, device=prefix.device)
+        self.tokens[:, :T] = prefix
+        self.valid[:, :T] = True if mask is None else mask.bool()
+        self.seen = torch.zeros(B, vocab_size, dtype=torch.bool, device=prefix.device)
+        self.seen.scatter_(1, prefix, self.valid[:, :T])  # padding ids are not "seen"
+        self.length = T
+
+    def add(self, tok: Tensor) -> None:
+        self.tokens[:, self.length] = tok
+        self.valid[:, self.length] = True
+        self.seen.scatter_(1, tok[:, None], True)
+        self.length += 1
+
+    def process(self, logits: Tensor, s: Sampling) -> Tensor:
+        n = self.length
+        return process(logits, s, seen=self.seen, tokens=self.tokens[:, :n], valid=self.valid[:, :n])
+
+
+@torch.no_grad()
+def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
+    was chosen from. Finished rows yield pad_token_id."""
+    logits, cache, pos, prefix = prefill(model, req)
+    step = step_function(req.seq2seq, compiled)
+    history = History(prefix, None if req.seq2seq else req.attention_mask, req.max_new_tokens, logits.shape[-1])
+    finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
+    for i in range(req.max_new_tokens):
+        logits = history.process(logits.float(), s) if s.needs_history else logits.float()
+        tok = choose(logits, s, generator)
+        if req.eos is not None:
+            tok = tok.masked_fill(finished, req.pad_token_id)
+            finished = finished | torch.isin(tok, req.eos)
+        if s.needs_history:
+            history.add(tok)
+        yield tok, logits
+        if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
+            return
+        logits = step(model, tok[:, None], pos, cache)
+        pos = pos + 1
+
+
+def stream(
+    model,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    attention_mask: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+    seed: int | None = None,
+    compile: bool = False,
+) -> Iterator[Tensor]:
+    """Like ``generate``, but yields each new token (B,) as soon as it is chosen; the arguments
+    are checked when ``stream`` is called, not at the first ``next``."""
+    options = dict(locals())
+    return open_decode(**options)[1]
+
+
+def open_decode(
+    model,
+    input_ids,
+    *,
+    temperature,
+    top_k,
+    top_p,
+    min_p,
+    repetition_penalty,
+    no_repeat_ngram_size,
+    seed,
+    compile,
+    **request,
+) -> tuple[Request, Iterator[Tensor]]:
+    """Validate everything, then return the request and the (lazy) token iterator."""
+    req = make_request(model, input_ids, **request)
+    s = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size)
+    generator = make_generator(seed, input_ids.device)
+    return req, (tok for tok, _ in decode(model, req, s, generator, bool(compile)))
+
+
+def generate(
+    model,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    attention_mask: Tensor | None = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram_size: int = 0,
+    eos_token_id: int | list[int] | None = None,
+    pad_token_id: int | None = None,
+    decoder_start_token_id: int | None = None,
+    seed: int | None = None,
+    compile: bool = False,
+) -> Tensor:
+    """Continue each row of input_ids (B, T); returns (B, T + N) with N <= max_new_tokens.
+
+    DecoderLM: input_ids is the prompt, left-padded when rows differ in length (attention_mask
+    (B, T), 0 = padding); each row's output equals generating that prompt alone. EncoderDecoder:
+    input_ids is the source (attention_mask marks its padding, on the right: the encoder counts
+    positions from the first column); the output is
+    (B, 1 + N): the decoder start token (config.decoder_start_token_id unless given) and N tokens.
+
+    temperature 0 is greedy; otherwise tokens are sampled after the processors of
+    ``torchformer.generation.sampling`` (repetition penalty, n-gram block, temperature, top-k,
+    top-p, min-p, in that order). ``seed`` makes sampling reproducible without touching torch's
+    global RNG. ``compile=True`` compiles the one-token step once (prefill runs eager).
+    Rows that emit an id of ``eos_token_id`` stop and are padded (module docstring).
+    """
+    req, tokens = open_decode(**dict(locals()))
+    new = torch.stack(list(tokens), dim=1)  # (B, N)
+    if req.seq2seq:
+        return torch.cat([torch.full_like(new[:, :1], req.start_token_id), new], dim=1)  # (B, 1 + N)
+    return torch.cat([input_ids, new.to(input_ids.dtype)], dim=1)  # (B, T + N)

@@ -1,0 +1,72 @@
+"""Prefill and the one-token decode step for both generating shapes, over the static KV cache.
+
+Legend: B batch, T prompt length, V vocabulary. Prefill runs the whole prompt (decoder) or the
+encoder plus the decoder start token (encoder-decoder) in one forward and fills the cache; each
+step then feeds one token per row at per-row positions (B, 1). Positions are tensors and the cache
+has a fixed shape, so a compiled step sees the same shapes every token and compiles once.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..nn.kv_cache import KVCache
+from .request import Request
+
+
+class Prefilled(NamedTuple):
+    logits: Tensor  # (B, V) for the next token
+    cache: KVCache
+    next_pos: Tensor  # (B, 1) position of the next input token
+    prefix: Tensor  # (B, T0): what the output starts with (the prompt, or the decoder start token)
+
+
+def decoder_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+    """ids, pos (B, 1) -> logits (B, V), writing the tokens' keys/values at pos."""
+    return model.logits(ids, pos, None, cache)[:, -1]
+
+
+def seq2seq_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+    """Like decoder_step, attending to the cross K/V the cache was made with."""
+    return model.logits(ids, pos, None, cache, cache.cross, cache.src_mask)[:, -1]
+
+
+def prefill(model, req: Request, batch_size: int | None = None) -> Prefilled:
+    """Run the prompt once; the cache holds room for max_new_tokens more positions.
+
+    Left padding: each row's positions count only its real tokens, so a padded row sees exactly
+    the positions (and RoPE angles, and cache slots) it would see alone; padding keys go to the
+    cache's hidden slot.
+    """
+    ids, mask = req.input_ids, req.attention_mask
+    if req.seq2seq:
+        memory = model.encode(ids, src_mask=mask)
+        cache = model.new_cache(ids.shape[0], req.max_new_tokens, memory=memory, src_mask=mask)
+        start = torch.full((ids.shape[0], 1), req.start_token_id, dtype=ids.dtype, device=ids.device)
+        pos = torch.zeros_like(start)
+        return Prefilled(seq2seq_step(model, start, pos, cache), cache, pos + 1, start)
+    # The last input token sits at position <= T + max_new - 2: the final new token is never fed.
+    cache = model.new_cache(ids.shape[0], ids.shape[1] + req.max_new_tokens - 1)
+    if mask is None:
+        pos = torch.arange(ids.shape[1], device=ids.device)[None, :].expand(ids.shape[0], -1)  # (B, T)
+    else:
+        pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
+    logits = model.logits(ids, pos, mask, cache)[:, -1]
+    return Prefilled(logits, cache, pos[:, -1:] + 1, ids)
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def step_function(seq2seq: bool, compiled: bool):
+    """The decode step; with ``compiled``, one torch.compile'd function per step kind with static
+    shapes (dynamic=False): a new token changes no shape and no guard, so it never recompiles."""
+    fn = seq2seq_step if seq2seq else decoder_step
+    if not compiled:
+        return fn
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True)
+    return _COMPILED[fn.__name__]

@@ -1,0 +1,191 @@
+"""from_hf / to_hf: Hugging Face model folders <-> torchformer models, exact to the last bit of
+each tensor. Nothing is downloaded: both take local folders.
+
+Loading: config.json -> ModelConfig (unsupported settings raise), build the model on the meta
+device (no memory), convert its names and shapes to the HF side with the family's key map and
+check the checkpoint's headers against them (missing, mis-shaped and unexpected tensors are
+named), then read each tensor once, convert it and assign it: a model costs one copy of its
+weights, and a bad checkpoint fails before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from ..config import ModelConfig, RoPE
+from ..models.build import build_model
+from ..models.saving import materialize, unique_state
+from . import hf_bart, hf_bert, hf_gpt2, hf_llama
+from .reader import SafetensorsFolder
+
+FAMILIES: dict[str, ModuleType] = {
+    "llama": hf_llama,
+    "mistral": hf_llama,
+    "qwen2": hf_llama,
+    "gpt2": hf_gpt2,
+    "bert": hf_bert,
+    "bart": hf_bart,
+    "marian": hf_bart,
+}
+PAIRINGS = ("half", "interleaved")
+
+
+def read_hf_config(path: str | os.PathLike) -> dict:
+    """config.json of a local HF folder, with a clear error for hub ids and non-HF folders."""
+    folder = Path(path)
+    if not folder.is_dir():
+        hint = " It looks like a hub id: download it first, then pass the folder." if "/" in str(path) else ""
+        raise FileNotFoundError(f"{str(path)!r} is not a local folder; nothing is downloaded.{hint}")
+    file = folder / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
+    hf = json.loads(file.read_text())
+    if hf.get("model_type") not in FAMILIES:
+        raise ValueError(f"model_type={hf.get('model_type')!r} in {file} is not supported; supported: {list(FAMILIES)}")
+    return hf
+
+
+def config_from_hf(path: str | os.PathLike, *, rope_pairing: str = "half") -> ModelConfig:
+    """The ModelConfig of a local HF folder (reads config.json only)."""
+    if rope_pairing not in PAIRINGS:
+        raise ValueError(f"rope_pairing={rope_pairing!r}: must be one of {list(PAIRINGS)}")
+    hf = read_hf_config(path)
+    cfg = FAMILIES[hf["model_type"]].config_from_hf(hf)
+    if rope_pairing != "half":
+        if not isinstance(cfg.positions, RoPE):
+            raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")
+        cfg = cfg.replace(positions=RoPE(base=cfg.positions.base, pairing=rope_pairing))
+    return cfg
+
+
+def from_hf(
+    path: str | os.PathLike,
+    *,
+    rope_pairing: str = "half",
+    strict: bool = True,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> nn.Module:
+    """A torchformer model with the weights of the HF folder ``path`` (config.json plus
+    model.safetensors or a sharded model.safetensors.index.json), in eval mode.
+
+    rope_pairing "interleaved" permutes q/k rows so the model rotates Meta-style pairs (same
+    logits). strict=False drops tensors no rule knows instead of raising. dtype None keeps the
+    stored dtypes; a torch.dtype converts each tensor as it is read.
+    """
+    cfg = config_from_hf(path, rope_pairing=rope_pairing)
+    family = FAMILIES[read_hf_config(path)["model_type"]]
+    reader = SafetensorsFolder(Path(path), device=str(device))
+    with torch.device("meta"):
+        model = build_model(cfg)
+    ours = unique_state(model)
+    keymap = family.keymap(cfg, reader.names)
+    expected = keymap.to_theirs(ours)
+    assert not expected.unmatched and not expected.missing, expected  # the key map covers the model
+    check_tensors(Path(path), reader.shapes, expected.tensors, family, cfg, strict)
+    convert = (lambda t: t) if dtype is None else (lambda t: t.to(dtype))
+    state = keymap.to_ours(list(expected.tensors), lambda name: convert(reader.get(name))).tensors
+    assert set(state) == set(ours), sorted(set(state) ^ set(ours))
+    model.load_state_dict(state, strict=False, assign=True)
+    model = materialize(model, cfg, device)
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()]), "a tensor was left unloaded"
+    return model
+
+
+def check_tensors(folder: Path, found: dict, expected: dict, family: ModuleType, cfg: ModelConfig, strict: bool):
+    """Missing, mis-shaped and (when strict) unexpected tensors, all named in one ValueError."""
+    want = {name: tuple(t.shape) for name, t in expected.items()}
+    for alias, target in family.aliases(cfg).items():
+        if target in want:
+            want.setdefault(alias, want[target])
+    problems = []
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        problems.append(f"missing tensors: {missing}")
+    for name in sorted(set(found) & set(want)):
+        if found[name] != want[name]:
+            problems.append(f"tensor {name!r} has shape {found[name]} in the file, the config implies {want[name]}")
+    ignored = [re.compile(p) for p in family.IGNORED]
+    unexpected = sorted(n for n in set(found) - set(want) if not any(p.fullmatch(n) for p in ignored))
+    if unexpected and strict:
+        problems.append(f"unexpected tensors (pass strict=False to drop them): {unexpected}")
+    if problems:
+        lines = "\n  - ".join(problems)
+        raise ValueError(f"{folder} does not fit its config.json:\n  - {lines}")
+
+
+def to_hf(
+    model: nn.Module, out_dir: str | os.PathLike, *, model_type: str | None = None, tokenizer: str | None = None
+) -> Path:
+    """Write ``model`` as a folder transformers' ``AutoModel*.from_pretrained`` loads: config.json,
+    model.safetensors and generation_config.json (where the family has one). The family is
+    inferred from the config (model_type forces one). tokenizer: tokenizer.json text to add.
+    The folder is written beside ``out_dir`` and renamed into place. Returns the path.
+    """
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"to_hf needs a torchformer model (built by build_model), got {type(model).__name__}")
+    model_type = pick_model_type(cfg, model_type)
+    family = FAMILIES[model_type]
+    state = family.keymap(cfg).to_theirs(unique_state(model))
+    assert not state.unmatched and not state.missing, state
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    hf_config, generation = family.config_to_hf(cfg, dtype)
+    files = {"config.json": json.dumps(hf_config, indent=2)}
+    if generation is not None:
+        files["generation_config.json"] = json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2)
+    if tokenizer is not None:
+        files["tokenizer.json"] = tokenizer
+    tensors = {name: t.detach().contiguous() for name, t in state.tensors.items()}
+    return _write_atomically(Path(out_dir), tensors, files)
+
+
+def pick_model_type(cfg: ModelConfig, model_type: str | None) -> str:
+    if model_type is not None:
+        if model_type not in FAMILIES:
+            raise ValueError(f"model_type={model_type!r}: supported are {list(FAMILIES)}")
+        problems = FAMILIES[model_type].unfit(cfg)
+        inferred = getattr(FAMILIES[model_type], "model_type_for", lambda c: model_type)(cfg)
+        if not problems and inferred != model_type:
+            problems = [f"this config is a {inferred} (attention biases / sliding window decide)"]
+        if problems:
+            raise ValueError(f"this model cannot be written as {model_type}: {'; '.join(problems)}")
+        return model_type
+    reasons = {}
+    for name, family in FAMILIES.items():
+        problems = family.unfit(cfg)
+        if not problems:
+            return getattr(family, "model_type_for", lambda c, name=name: name)(cfg)
+        reasons.setdefault("/".join(family.MODEL_TYPES), problems)
+    lines = "\n  - ".join(f"{fam}: {'; '.join(why)}" for fam, why in reasons.items())
+    raise ValueError(f"no Hugging Face family fits this model's config:\n  - {lines}")
+
+
+def _write_atomically(path: Path, tensors: dict, files: dict[str, str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        old = path.with_name(f".{path.name}.old") if path.exists() else None
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            path.rename(old)
+        tmp.rename(path)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path

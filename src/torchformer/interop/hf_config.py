@@ -1,0 +1,82 @@
+"""Reading and writing Hugging Face config.json values that several families share."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..config import ModelConfig
+
+# HF activation names (transformers' ACT2FN keys) -> our block.mlp words.
+ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+# Our word -> the HF name written on export.
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+
+def unsupported(model_type: str, problems: list[str]) -> None:
+    """One ValueError naming every setting this loader cannot reproduce exactly."""
+    if problems:
+        lines = "\n  - ".join(problems)
+        raise ValueError(f"{model_type} config has settings torchformer does not support:\n  - {lines}")
+
+
+def activation(hf: dict[str, Any], key: str, problems: list[str]) -> str:
+    name = hf.get(key)
+    if name not in ACTIVATIONS:
+        problems.append(f"{key}={name!r}: supported are {sorted(ACTIVATIONS)}")
+        return "gelu"
+    return ACTIVATIONS[name]
+
+
+def rope_base(hf: dict[str, Any], problems: list[str]) -> float:
+    """rope_theta from transformers 5.x ``rope_parameters`` or 4.x top-level ``rope_theta``;
+    scaled variants (linear, dynamic, yarn, llama3, ...) are not implemented."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        problems.append(f"rope_parameters.rope_type={rope_type!r}: only 'default' (unscaled) RoPE is supported")
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        problems.append("partial_rotary_factor: only full-width RoPE (1.0) is supported")
+    return float(theta)
+
+
+def token_ids(hf: dict[str, Any], vocab_size: int) -> dict[str, int | None]:
+    """Special token ids that fit the vocabulary; a list (Llama 3's eos) keeps its first entry."""
+    out: dict[str, int | None] = {}
+    for name in TOKEN_FIELDS:
+        value = hf.get(name)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if value is not None and not (isinstance(value, int) and 0 <= value < vocab_size):
+            warnings.warn(
+                f"config.json {name}={value!r} is outside [0, vocab_size={vocab_size}); dropped", stacklevel=3
+            )
+            value = None
+        out[name] = value
+    return out
+
+
+def token_fields(cfg: ModelConfig, names: tuple[str, ...] = TOKEN_FIELDS[:3]) -> dict[str, int]:
+    """The ids that are set; unset ones are left out so transformers keeps its defaults."""
+    return {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
+
+
+def common_out(cfg: ModelConfig, dtype: str, model_type: str, architecture: str) -> dict[str, Any]:
+    """The keys every exported config.json carries."""
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "dtype": dtype,
+        "vocab_size": cfg.vocab_size,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        **token_fields(cfg),
+    }

@@ -1,0 +1,162 @@
+"""Llama, Mistral and Qwen2: one layout (pre-RMSNorm, RoPE, GQA, SwiGLU) with three switches:
+Llama's attention_bias/mlp_bias, Mistral's sliding window, Qwen2's q/k/v bias without an o bias.
+
+HF stores q/k rows in the half-split RoPE layout; loading with pairing "interleaved" permutes
+them (n_heads rows for q, n_kv_heads for k), and exporting permutes them back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
+from .hf_config import common_out, rope_base, token_ids, unsupported
+from .keymap import KeyMap, renamed, rule
+from .transforms import half_to_interleaved, interleaved_to_half
+
+MODEL_TYPES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+IGNORED = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)  # a buffer old checkpoints saved
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    model_type, problems = hf["model_type"], []
+    if hf.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf.get('hidden_act')!r}: only 'silu' (SwiGLU) is supported")
+    base = rope_base(hf, problems)
+    window = _window(hf, model_type, problems)
+    unsupported(model_type, problems)
+    d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+    qkv_bias = {"llama": hf.get("attention_bias", False), "mistral": False, "qwen2": True}[model_type]
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=hf["vocab_size"],
+        d_model=d,
+        n_layers=hf["num_hidden_layers"],
+        max_seq_len=hf.get("max_position_embeddings", 2048),
+        attention=AttentionConfig(
+            n_heads=n_heads,
+            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+            head_dim=hf.get("head_dim") or d // n_heads,
+            bias=qkv_bias,
+            out_bias=qkv_bias and model_type == "llama",
+            dropout=hf.get("attention_dropout", 0.0),
+            sliding_window=window,
+        ),
+        block=BlockConfig(
+            norm="rmsnorm",
+            norm_eps=hf.get("rms_norm_eps", 1e-6),
+            norm_placement="pre",
+            mlp="swiglu",
+            d_ff=hf["intermediate_size"],
+            bias=model_type == "llama" and hf.get("mlp_bias", False),
+        ),
+        positions=RoPE(base=base, pairing="half"),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        **token_ids(hf, hf["vocab_size"]),
+    )
+
+
+def _window(hf: dict[str, Any], model_type: str, problems: list[str]) -> int | None:
+    if model_type == "mistral":
+        return hf.get("sliding_window")
+    if model_type != "qwen2" or not hf.get("use_sliding_window", False):
+        return None
+    n = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or [
+        "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention" for i in range(n)
+    ]
+    if set(kinds) == {"sliding_attention"}:
+        return hf.get("sliding_window")
+    if set(kinds) != {"full_attention"}:
+        problems.append(f"layer_types={kinds}: a sliding window on some layers only is not supported")
+    return None
+
+
+def model_type_for(cfg: ModelConfig) -> str:
+    a = cfg.attention
+    if a.bias and not a.o_bias:
+        return "qwen2"
+    return "mistral" if a.sliding_window is not None else "llama"
+
+
+def unfit(cfg: ModelConfig) -> list[str]:
+    """Why ``cfg`` cannot be written as a Llama/Mistral/Qwen2 checkpoint (empty when it can)."""
+    b, a, model_type = cfg.block, cfg.attention, model_type_for(cfg)
+    rules = [
+        (cfg.arch == "decoder", f"arch={cfg.arch!r} (needs 'decoder')"),
+        (b.norm == "rmsnorm" and b.norm_placement == "pre", "needs pre-norm RMSNorm"),
+        (b.mlp == "swiglu", f"block.mlp={b.mlp!r} (needs 'swiglu')"),
+        (isinstance(cfg.positions, RoPE), f"positions={cfg.positions!r} (needs RoPE)"),
+        (cfg.has_final_norm, "needs a final norm"),
+        (not (cfg.embed_scale or cfg.embed_norm or cfg.final_logits_bias), "no embed_scale/embed_norm/logits bias"),
+        (not (a.o_bias and not a.bias), "an output bias needs q/k/v biases too"),
+        (model_type == "llama" or not b.bias, f"{model_type} has no MLP bias"),
+        (model_type != "mistral" or not a.bias, "mistral has no attention bias"),
+    ]
+    return [why for ok, why in rules if not ok]
+
+
+def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    model_type, a = model_type_for(cfg), cfg.attention
+    out = common_out(cfg, dtype, model_type, ARCHITECTURES[model_type])
+    out.update(
+        hidden_size=cfg.d_model,
+        intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=a.n_heads,
+        num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=cfg.max_seq_len,
+        rms_norm_eps=cfg.block.norm_eps,
+        rope_theta=cfg.positions.base,  # transformers 4.x reads this one
+        rope_parameters={"rope_theta": cfg.positions.base, "rope_type": "default"},
+        attention_dropout=a.dropout,
+    )
+    if model_type == "llama":
+        out.update(attention_bias=a.bias, mlp_bias=cfg.block.bias)
+    elif model_type == "mistral":
+        out.update(sliding_window=a.sliding_window)
+    else:
+        kind = "full_attention" if a.sliding_window is None else "sliding_attention"
+        out.update(
+            use_sliding_window=a.sliding_window is not None,
+            sliding_window=a.sliding_window,
+            max_window_layers=cfg.n_layers if a.sliding_window is None else 0,
+            layer_types=[kind] * cfg.n_layers,
+        )
+    generation = {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    return out, generation
+
+
+def aliases(cfg: ModelConfig) -> dict[str, str]:
+    """Tensors a checkpoint may carry as copies of another (a tied head saved twice)."""
+    return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
+
+
+def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:
+    L, H = "stack.blocks.{i}", "model.layers.{i}"
+    rules = [
+        rule("embed.tok.weight", "model.embed_tokens.weight"),
+        rule("stack.final_norm.weight", "model.norm.weight"),
+        rule("lm_head.weight", "lm_head.weight"),
+    ]
+    for proj, n in (("q_proj", cfg.attention.n_heads), ("k_proj", cfg.n_kv_heads)):
+        for s in ("weight", "bias"):
+            if cfg.positions.pairing == "interleaved":
+                ours = lambda ts, n=n: [half_to_interleaved(ts[0], n)]  # noqa: E731
+                theirs = lambda ts, n=n: [interleaved_to_half(ts[0], n)]  # noqa: E731
+                rules.append(rule(f"{L}.attn.{proj}.{s}", f"{H}.self_attn.{proj}.{s}", ours, theirs))
+            else:
+                rules.append(rule(f"{L}.attn.{proj}.{s}", f"{H}.self_attn.{proj}.{s}"))
+    pairs = [
+        ("attn.v_proj", "self_attn.v_proj"),
+        ("attn.o_proj", "self_attn.o_proj"),
+        ("attn_norm", "input_layernorm"),
+        ("mlp_norm", "post_attention_layernorm"),
+        ("mlp.gate", "mlp.gate_proj"),
+        ("mlp.up", "mlp.up_proj"),
+        ("mlp.down", "mlp.down_proj"),
+    ]
+    return KeyMap(rules + renamed((f"{L}.{ours}", f"{H}.{theirs}") for ours, theirs in pairs))

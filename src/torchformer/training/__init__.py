@@ -1,0 +1,1 @@
+"""Training: recipes, data, objectives, optimizer and schedules, checkpoints, the loop."""

@@ -1,0 +1,171 @@
+"""Training checkpoints: safetensors for every tensor, JSON for everything else; no pickle.
+
+Each checkpoint is a folder ``<run>/checkpoints/step_000120/`` holding config.json and
+model.safetensors (so ``tfm.load`` opens it), tokenizer.json, optimizer.safetensors (Adam
+moments and step counters), rng.safetensors and state.json (step, optimizer param groups, elapsed
+time, recipe). It is written into a hidden temporary folder, every file fsynced, then renamed into
+place: a crash mid-write leaves the previous checkpoint untouched and no half folder under a
+``step_*`` name. Older checkpoints beyond ``keep_last`` are deleted after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, unique_state
+
+STATE, OPTIM, RNG, TOKENIZER = "state.json", "optimizer.safetensors", "rng.safetensors", "tokenizer.json"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split ``optimizer.state_dict()`` into flat tensors (safetensors) and JSON-able rest."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, entry in sd["state"].items():
+        for name, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state.{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{idx}.{name}"] = value
+    return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = value
+    for key, value in meta["scalars"].items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    out = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], device: torch.device) -> None:
+    torch.set_rng_state(tensors["cpu"])
+    if device.type == "cuda" and "cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["cuda"], device)
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model_state: dict[str, torch.Tensor],
+    config: dict,
+    tokenizer_json: str,
+    optim: tuple[dict[str, torch.Tensor], dict],
+    rng: dict[str, torch.Tensor],
+    state: dict,
+    keep_last: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically; also refresh the run folder's top-level model files."""
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    final = ckpts / f"step_{step:06d}"
+    tmp = ckpts / f".tmp_step_{step:06d}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(model_state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
+    (tmp / TOKENIZER).write_text(tokenizer_json)
+    save_file(optim[0], str(tmp / OPTIM))
+    save_file(rng, str(tmp / RNG))
+    (tmp / STATE).write_text(json.dumps({**state, "optimizer": optim[1]}, indent=1))
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if final.exists():  # re-writing the same step (a resumed run): move the old one aside first
+        old = ckpts / f".old_{final.name}_{os.getpid()}"
+        final.rename(old)
+        shutil.rmtree(old)
+    tmp.rename(final)
+    _fsync(ckpts)
+    _export(final, run_dir)
+    _prune(ckpts, keep_last)
+    return final
+
+
+def _export(ckpt: Path, run_dir: Path) -> None:
+    """Copy the model files to the run folder's top, so ``tfm.load(run_dir)`` and
+    ``torchformer generate run_dir`` see the latest weights (each file replaced atomically)."""
+    for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER):
+        tmp = run_dir / f".{name}.tmp"
+        shutil.copyfile(ckpt / name, tmp)
+        _fsync(tmp)
+        os.replace(tmp, run_dir / name)
+
+
+def _prune(ckpts: Path, keep_last: int) -> None:
+    for old in list_checkpoints(ckpts.parent)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in ckpts.glob(".tmp_step_*"):  # left by a process killed mid-write
+        if not stale.name.endswith(f"_{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints (state.json present), oldest first."""
+    ckpts = Path(run_dir) / "checkpoints"
+    found = []
+    for d in ckpts.iterdir() if ckpts.is_dir() else []:
+        m = _STEP_DIR.match(d.name)
+        if m and (d / STATE).is_file():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Everything a resume needs, read without unpickling: weights, optimizer, rng, state."""
+    path = Path(path)
+    for name in (WEIGHTS_FILE, OPTIM, RNG, STATE):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path} is not a training checkpoint: {name} is missing")
+    return {
+        "model": load_file(str(path / WEIGHTS_FILE)),
+        "optim": load_file(str(path / OPTIM)),
+        "rng": load_file(str(path / RNG)),
+        "state": json.loads((path / STATE).read_text()),
+        "tokenizer_json": (path / TOKENIZER).read_text(),
+    }
+
+
+def load_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load weights saved with tied tensors once; any other mismatch is an error."""
+    expected = set(unique_state(model))
+    if set(state) != expected:
+        raise ValueError(
+            f"checkpoint weights do not fit the model: missing {sorted(expected - set(state))}, "
+            f"unexpected {sorted(set(state) - expected)}"
+        )
+    model.load_state_dict(state, strict=False)

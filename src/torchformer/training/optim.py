@@ -1,0 +1,23 @@
+"""AdamW with weight decay on matrices only (Loshchilov & Hutter 2019; GPT-2/nanoGPT practice):
+embeddings and projection matrices decay; biases and norm gains (1-D tensors) do not."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    decay, no_decay = [], []
+    for p in model.parameters():  # .parameters() yields a tied tensor once
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(
+    model: nn.Module, *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, device_type: str
+) -> torch.optim.AdamW:
+    # The fused kernel is CUDA's fastest path; on CPU the default (foreach) implementation is used.
+    fused = device_type == "cuda"
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, fused=fused or None)

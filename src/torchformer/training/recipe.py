@@ -1,0 +1,196 @@
+"""Training recipes: YAML (or JSON) with sections model, data, optim, schedule, train, dist,
+plus dotted command-line overrides (``model.n_layers=4 optim.lr=3e-4``). Unknown keys are
+errors that list what is allowed. The model section is a preset name plus ModelConfig fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import presets
+from ..config import ModelConfig
+
+RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+
+
+SYNTHETIC_DEFAULTS = {
+    "n_train": 20000,
+    "n_val": 500,
+    "min_len": 4,
+    "max_len": 12,
+    "alphabet": "abcdefghijklmnopqrstuvwxyz",
+    "seed": 0,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Data:
+    source: str = "shakespeare"  # shakespeare | reverse | a path
+    task: str = "lm"  # lm | mlm | seq2seq
+    tokenizer: str = "char"  # char | byte | bpe
+    bpe_vocab_size: int = 4096
+    seq_len: int = 64
+    mlm_probability: float = 0.15
+    synthetic: dict = field(default_factory=dict)  # source "reverse": keys of SYNTHETIC_DEFAULTS
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.synthetic) - set(SYNTHETIC_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown key(s) data.synthetic.{unknown}; allowed: {sorted(SYNTHETIC_DEFAULTS)}")
+        object.__setattr__(self, "synthetic", {**SYNTHETIC_DEFAULTS, **self.synthetic})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Optim:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleSpec:
+    name: str = "cosine"  # noam | cosine | wsd | constant
+    warmup: int = 100
+    min_ratio: float = 0.1
+    decay_fraction: float = 0.2
+    factor: float = 1.0  # noam only
+
+
+@dataclass(frozen=True, kw_only=True)
+class Train:
+    steps: int = 1000
+    batch_size: int = 16  # the global batch, in sequences
+    grad_accum: int = 1
+    grad_clip: float | None = 1.0
+    label_smoothing: float = 0.0
+    eval_every: int = 100
+    eval_batches: int = 20
+    log_every: int = 10
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_last: int = 2
+    seed: int = 1337
+    device: str = "auto"
+    threads: int | None = None  # CPU threads for torch (None: torch's default, one per core)
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    compile: bool = False
+    activation_checkpointing: bool = False
+    max_time_s: float | None = None  # stop early (and checkpoint) after this much training time
+    out_dir: str = "runs/default"
+    sample_chars: int = 0  # print a sample of this many characters at the end (text tasks)
+    sample_prompt: str = "\n"
+    sample_temperature: float = 0.8
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dist:
+    strategy: str = "ddp"  # ddp | fsdp
+
+
+SECTIONS = {"data": Data, "optim": Optim, "schedule": ScheduleSpec, "train": Train, "dist": Dist}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    name: str = "default"
+    model: dict = field(default_factory=lambda: {"preset": "shakespeare-char"})
+    data: Data = field(default_factory=Data)
+    optim: Optim = field(default_factory=Optim)
+    schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
+    train: Train = field(default_factory=Train)
+    dist: Dist = field(default_factory=Dist)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def model_config(self, vocab_size: int, special: dict[str, int]) -> ModelConfig:
+        """The preset with the recipe's changes, vocab_size from the tokenizer and the special ids."""
+        spec = dict(self.model)
+        base = presets.get(spec.pop("preset", "shakespeare-char")).to_dict()
+        merged = _deep_merge(base, spec, "model")
+        merged["vocab_size"] = vocab_size
+        merged["max_seq_len"] = max(merged["max_seq_len"], self.data.seq_len + 1)
+        merged.update({k: v for k, v in special.items() if k in merged})
+        return ModelConfig.from_dict(merged)
+
+
+def _deep_merge(base: dict, changes: dict, where: str) -> dict:
+    out = dict(base)
+    for key, value in changes.items():
+        if key not in base:
+            raise ValueError(f"unknown key {where}.{key}; allowed: {sorted(base)}")
+        nested = isinstance(base[key], dict) and isinstance(value, dict) and "kind" not in value
+        out[key] = _deep_merge(base[key], value, f"{where}.{key}") if nested else value
+    return out
+
+
+def from_dict(raw: dict[str, Any]) -> Recipe:
+    allowed = {"name", "model", *SECTIONS}
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise ValueError(f"unknown recipe section(s) {unknown}; allowed: {sorted(allowed)}")
+    kwargs: dict[str, Any] = {}
+    for name, cls in SECTIONS.items():
+        section = raw.get(name) or {}
+        known = {f.name for f in dataclasses.fields(cls)}
+        bad = sorted(set(section) - known)
+        if bad:
+            raise ValueError(f"unknown key(s) {[f'{name}.{b}' for b in bad]}; allowed in {name}: {sorted(known)}")
+        kwargs[name] = cls(**section)
+    model = raw.get("model") or {"preset": "shakespeare-char"}
+    if not isinstance(model, dict):
+        raise ValueError(f"recipe section model must be a mapping (preset + ModelConfig fields), got {model!r}")
+    recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs)
+    recipe.model_config(8, {})  # validate model changes now (vocab_size is filled in from the tokenizer later)
+    return recipe
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'optim.lr=3e-4' -> (['optim', 'lr'], 0.0003); values are parsed as YAML scalars/lists."""
+    import yaml
+
+    if "=" not in text:
+        raise ValueError(f"override {text!r}: expected section.key=value, e.g. optim.lr=3e-4")
+    path, value = text.split("=", 1)
+    keys = path.strip().split(".")
+    if len(keys) < 2 and keys[0] != "name":
+        raise ValueError(f"override {text!r}: name a section and a key, e.g. train.steps=100")
+    return keys, yaml.safe_load(value) if value.strip() else ""
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    raw = json.loads(json.dumps(raw))  # deep copy of plain data
+    for text in overrides:
+        keys, value = parse_override(text)
+        node = raw
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {text!r}: {key} is not a section")
+        node[keys[-1]] = value
+    return raw
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    """A recipe file (YAML or JSON) as plain data; a bare name means recipes/<name>.yaml."""
+    import yaml
+
+    p = Path(path)
+    if not p.exists() and not p.suffix and (RECIPES_DIR / f"{p}.yaml").is_file():
+        p = RECIPES_DIR / f"{p}.yaml"
+    if not p.is_file():
+        raise FileNotFoundError(f"recipe {str(path)!r} not found (a YAML file, or a name in {RECIPES_DIR})")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"recipe {p} must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load(path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:
+    """The recipe at ``path`` (default: shakespeare-char) with ``overrides`` applied."""
+    raw = read_file(path if path is not None else "shakespeare-char")
+    return from_dict(apply_overrides(raw, list(overrides)))

@@ -1,0 +1,302 @@
+"""``train(recipe)``: the whole training run, top to bottom.
+
+setup (process group, device, seeds) -> data (tokenized once, cached) -> model and objective ->
+optimizer and schedule -> resume -> wrap (DDP/FSDP, compile) -> loop: batch, accumulate, clip,
+step, log, evaluate, checkpoint -> final checkpoint, loss plot.
+
+Batches are a pure function of (seed, step) and the dropout RNG is checkpointed, so a resumed
+run continues bit-exactly where an uninterrupted one would be (CPU, single process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ..analysis.accounting import flops_per_token, matmul_peak_flops
+from ..models.build import build_model
+from ..models.saving import unique_state
+from . import checkpoint as ckpt
+from . import distributed as dist
+from .batches import LMBatches, MLMBatches, PairBatches, n_targets, rows
+from .data import PairData, prepare
+from .losses import ARCH_OF_TASK, OBJECTIVES
+from .optim import adamw
+from .recipe import Recipe
+from .report import Reporter, append_metrics, perplexity, plot_losses, read_metrics, truncate_metrics
+from .schedules import Schedule
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training stopped because the loss or the gradients became NaN/inf."""
+
+
+@dataclass
+class Result:
+    step: int
+    val_loss: float
+    out_dir: Path
+    model: nn.Module
+    tokenizer: object
+    data: object  # TextData | PairData: the tokenized splits
+    metrics: list[dict] = field(default_factory=list)
+
+
+def train(
+    recipe: Recipe, *, resume: str | None = None, stop_after: int | None = None, reporter: Reporter | None = None
+) -> Result:
+    """Run ``recipe``. resume: None (fresh), "auto" (latest checkpoint in out_dir if any) or a
+    checkpoint folder. stop_after: end this call after that step (evaluate and checkpoint there),
+    as an interruption would; the schedule still plans for ``train.steps``."""
+    reporter = reporter or Reporter()
+    t, task = recipe.train, recipe.data.task
+    check_recipe(recipe)
+    rt = dist.setup(t.device)
+    if t.threads is not None:
+        torch.set_num_threads(t.threads)
+    try:
+        torch.manual_seed(t.seed + rt.rank)
+        out = Path(t.out_dir)
+        data = load_data(recipe, out, rt)
+        tok = data.tokenizer
+        cfg = recipe.model_config(tok.vocab_size, special_ids(tok, task))
+        if cfg.arch != ARCH_OF_TASK[task]:
+            raise ValueError(f"data.task={task!r} trains arch {ARCH_OF_TASK[task]!r}, but the model is {cfg.arch!r}")
+        model = build_model(cfg).to(rt.device)
+        objective = OBJECTIVES[task](model, t.label_smoothing)
+        if t.activation_checkpointing:
+            checkpoint_blocks(model)
+        optimizer = adamw(model, lr=recipe.optim.lr, betas=recipe.optim.betas, eps=recipe.optim.eps,
+                          weight_decay=recipe.optim.weight_decay, device_type=rt.device.type)  # fmt: skip
+        s = recipe.schedule
+        schedule = Schedule(
+            s.name, recipe.optim.lr, s.warmup, t.steps, s.min_ratio, s.decay_fraction, cfg.d_model, s.factor
+        )
+        batches = make_batches(recipe, data)
+
+        start, elapsed = 0, 0.0
+        found = resume_point(resume, out)
+        if found is not None:
+            start, elapsed = restore(found, model, optimizer, rt)
+            reporter.message(f"resumed from {found} at step {start}")
+        metrics_file = out / "metrics.jsonl"
+        if rt.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            truncate_metrics(metrics_file, start) if metrics_file.exists() else None
+        wrapped = dist.wrap(objective, rt, recipe.dist.strategy)
+        step_fn = torch.compile(wrapped) if t.compile else wrapped
+        amp = autocast(t.precision, rt.device)
+
+        tokens_per_step = t.batch_size * (recipe.data.seq_len if task != "seq2seq" else _mean_len(data))
+        flops = flops_per_token(cfg, recipe.data.seq_len if task != "seq2seq" else max(1, _mean_len(data))).training
+        with torch.random.fork_rng(devices=[]):  # the timing's random matrices must not shift the dropout stream
+            peak = matmul_peak_flops()
+        evals = batches.eval_batches(t.eval_batches)
+        save = partial(save_state, recipe=recipe, out=out, model=model, optimizer=optimizer, tok=tok, rt=rt)
+        reporter.start({"recipe": recipe.name, "params": sum(p.numel() for p in model.parameters()),
+                        "device": str(rt.device), "world": rt.world, "start": start, "steps": t.steps,
+                        "peak_gflops": peak / 1e9, "out_dir": str(out)})  # fmt: skip
+
+        wall0, window_loss, window_tokens, val_loss = time.perf_counter(), 0.0, 0, float("nan")
+        step = start
+        while step < t.steps:
+            step += 1
+            t0 = time.perf_counter()
+            lr = schedule.apply(optimizer, step)
+            loss_sum, local_tokens = accumulate(step_fn, batches.batch(step - 1), rt, t.grad_accum, amp)
+            norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip else math.inf)
+            if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
+                last = ckpt.latest_checkpoint(out)
+                raise NonFiniteLoss(
+                    f"non-finite loss or gradient at step {step} (loss sum {loss_sum}, grad norm {float(norm)}); "
+                    f"stopped without writing a checkpoint. Last good checkpoint: {last or 'none'}. "
+                    "Lower optim.lr, set train.grad_clip, or check the data."
+                )
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            elapsed += dt
+            window_loss, window_tokens = window_loss + loss_sum, window_tokens + local_tokens
+            if rt.is_main and (step % t.log_every == 0 or step == t.steps):
+                tps = tokens_per_step / dt
+                reporter.step({"step": step, "loss": loss_sum / max(1, local_tokens), "lr": lr,
+                               "tok_s": tps, "mfu": tps * flops / peak, "elapsed_s": elapsed})  # fmt: skip
+            out_of_time = t.max_time_s is not None and time.perf_counter() - wall0 >= t.max_time_s
+            out_of_time = out_of_time or step == stop_after
+            if step % t.eval_every == 0 or step == t.steps or out_of_time:
+                val_loss = evaluate(objective, evals, rt.device, amp)
+                row = {"step": step, "train_loss": window_loss / max(1, window_tokens), "val_loss": val_loss,
+                       "val_ppl": perplexity(val_loss), "lr": lr, "elapsed_s": round(elapsed, 3),
+                       "tokens": step * tokens_per_step}  # fmt: skip
+                window_loss, window_tokens = 0.0, 0
+                if rt.is_main:
+                    append_metrics(metrics_file, row)
+                    reporter.evaluate(row)
+            if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps or out_of_time:
+                save(step=step, elapsed=elapsed)
+            if out_of_time:
+                reporter.message(f"stopped at step {step} (train.max_time_s={t.max_time_s}, stop_after={stop_after})")
+                break
+        if rt.is_main and step > start:
+            plot_losses(metrics_file, out / "loss.png")
+        reporter.close()
+        metrics = read_metrics(metrics_file)
+        return Result(step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data, metrics=metrics)
+    finally:
+        dist.teardown()
+
+
+# -- the pieces, in the order train() uses them ---------------------------------------------------
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """Settings that can be checked before any work, with what is allowed."""
+    t, d = recipe.train, recipe.data
+    problems = []
+    if d.task not in OBJECTIVES:
+        problems.append(f"data.task={d.task!r}: must be one of {list(OBJECTIVES)}")
+    for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every"):
+        if not isinstance(getattr(t, name), int) or getattr(t, name) < 1:
+            problems.append(f"train.{name}={getattr(t, name)!r}: must be an integer >= 1")
+    if isinstance(t.batch_size, int) and isinstance(t.grad_accum, int) and t.grad_accum >= 1:
+        world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+        if t.batch_size % (world * t.grad_accum):
+            problems.append(
+                f"train.batch_size={t.batch_size}: must be divisible by world size {world} x train.grad_accum={t.grad_accum}"
+            )
+    if t.precision not in PRECISIONS:
+        problems.append(f"train.precision={t.precision!r}: must be one of {list(PRECISIONS)}")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        problems.append(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
+    if d.seq_len < 1:
+        problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
+    if problems:
+        raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
+
+
+def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
+    """Rank 0 tokenizes into <out_dir>/data; the other ranks wait, then read the same cache."""
+    spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size")}
+    spec["synthetic"] = recipe.data.synthetic if recipe.data.task == "seq2seq" else {}
+    if rt.is_main:
+        data = prepare(spec, out / "data")
+    dist.barrier()
+    return data if rt.is_main else prepare(spec, out / "data", build=False)
+
+
+def special_ids(tok, task: str) -> dict[str, int]:
+    ids = {"pad_token_id": tok.pad_id, "bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id}
+    if task == "seq2seq":
+        ids["decoder_start_token_id"] = tok.bos_id
+    return ids
+
+
+def make_batches(recipe: Recipe, data):
+    t, d = recipe.train, recipe.data
+    if isinstance(data, PairData):
+        tok = data.tokenizer
+        return PairBatches(data.train, data.val, batch_size=t.batch_size, seed=t.seed, pad=tok.pad_id,
+                           bos=tok.bos_id, eos=tok.eos_id)  # fmt: skip
+    if d.task == "mlm":
+        return MLMBatches(data.train, data.val, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed,
+                          mask_id=data.tokenizer.mask_id, ordinary=data.tokenizer.ordinary_ids(),
+                          p=d.mlm_probability)  # fmt: skip
+    return LMBatches(data.train, data.val, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
+
+
+def _mean_len(data) -> int:
+    pairs = data.train[:1000]
+    return round(sum(len(s) + len(t) + 2 for s, t in pairs) / max(1, len(pairs)) / 2)
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """Activation checkpointing per block: keep only block inputs, recompute inside on backward."""
+    for name in ("stack", "encoder", "decoder"):
+        for block in getattr(model, name).blocks if hasattr(model, name) else []:
+            block.forward = partial(checkpoint, block.forward, use_reentrant=False)
+
+
+def resume_point(resume: str | None, out: Path) -> Path | None:
+    if resume is None:
+        return None
+    if resume == "auto":
+        return ckpt.latest_checkpoint(out)  # None: nothing to resume, start fresh
+    path = Path(resume)
+    if not path.is_dir():
+        raise FileNotFoundError(f"--resume {resume!r}: no such checkpoint folder (or use --resume auto)")
+    return path
+
+
+def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime) -> tuple[int, float]:
+    saved = ckpt.load_checkpoint(path)
+    ckpt.load_model_state(model, {k: v.to(rt.device) for k, v in saved["model"].items()})
+    ckpt.restore_optimizer(optimizer, saved["optim"], saved["state"]["optimizer"])
+    state = saved["state"]
+    if rt.world == 1:
+        ckpt.restore_rng(saved["rng"], rt.device)
+    else:  # only rank 0's RNG is saved: give every rank a fresh, distinct dropout stream
+        torch.manual_seed(state["seed"] + rt.rank + 7919 * state["step"])
+    return state["step"], state["elapsed_s"]
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast on CUDA by default (weights and optimizer stay fp32); fp32 elsewhere, since
+    CPUs without bf16 units run bf16 matmuls ~100x slower."""
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext
+
+
+def accumulate(step_fn, batch, rt: dist.Runtime, accum: int, amp) -> tuple[float, int]:
+    """Forward/backward over this rank's rows in ``accum`` micro-batches. Each micro-batch's summed
+    loss is divided by the target count of the WHOLE global batch (all micro-batches, all ranks),
+    so the gradient equals that of one big batch whatever the split or the padding."""
+    total = n_targets(batch)
+    per_rank = len(batch["labels"]) // rt.world
+    local = rows(batch, rt.rank * per_rank, (rt.rank + 1) * per_rank)
+    micro = per_rank // accum
+    loss_sum = torch.zeros((), device=rt.device)
+    for i in range(accum):
+        mb = {k: v.to(rt.device, non_blocking=True) for k, v in rows(local, i * micro, (i + 1) * micro).items()}
+        with dist.grad_sync(step_fn, i == accum - 1), amp():
+            loss = step_fn(mb)
+        # DDP averages gradients over ranks; multiplying by world makes the result a sum over ranks.
+        (loss * (rt.world / max(1, total))).backward()
+        loss_sum += loss.detach()
+    return float(loss_sum), n_targets(local)
+
+
+@torch.no_grad()
+def evaluate(objective: nn.Module, evals, device: torch.device, amp) -> float:
+    """Mean validation loss per target token (no label smoothing: a true NLL, so exp() is perplexity)."""
+    was = objective.training
+    objective.eval()
+    total, count = 0.0, 0
+    for batch in evals:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        with amp():
+            total += float(objective(batch, smoothing=0.0))
+        count += n_targets(batch)
+    objective.train(was)
+    return total / max(1, count)
+
+
+def save_state(*, step: int, elapsed: float, recipe: Recipe, out: Path, model, optimizer, tok, rt) -> None:
+    if not rt.is_main:
+        dist.barrier()
+        return
+    state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
+             "tokenizer_kind": tok.kind}  # fmt: skip
+    ckpt.save_checkpoint(out, step, model_state=unique_state(model), config=model.config.to_dict(),
+                         tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optimizer),
+                         rng=ckpt.rng_state(rt.device), state=state, keep_last=recipe.train.keep_last)  # fmt: skip
+    dist.barrier()

@@ -1,0 +1,177 @@
+"""Checks that run the whole model: causality, cached decoding, backend parity, padding,
+relative positions. Each returns one Row; thresholds are module constants so the table and the
+docs quote the same numbers."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import ALiBi, RelativeBias, RoPE
+from ..nn.backends import math_attention, sdpa_attention
+from .probes import PAD, Runner, backends_set_to, rel_diff
+from .report import Row, judged, not_applicable
+
+TOL = 1e-4  # fp32 equalities: max |a - b| / max(1, max |b|)
+
+
+def causality(r: Runner) -> Row:
+    """Changing token t must leave every output before t exactly unchanged, on the fast
+    is_causal path and on the explicit-mask path (an all-ones attention_mask)."""
+    if r.arch == "encoder":
+        return bidirectional(r)
+    ids = r.ids(2, r.T)
+    worst, where = 0.0, ""
+    for mask in (None, torch.ones_like(ids)):
+        base = r.out(ids, mask)
+        for t in sorted({1, r.T // 2, r.T - 1}):
+            changed = ids.clone()
+            changed[:, t] = (changed[:, t] + 1) % r.cfg.vocab_size
+            diff = float((r.out(changed, mask)[:, :t] - base[:, :t]).abs().max())
+            if diff > worst:
+                worst, where = (
+                    diff,
+                    f"token {t} changed outputs before it ({'mask' if mask is not None else 'is_causal'})",
+                )
+    return judged(
+        "causality",
+        worst,
+        worst == 0.0,
+        "== 0 exactly",
+        "future tokens never change earlier outputs",
+        f"{where}: queries see future keys (causal mask diagonal off by one?)",
+    )
+
+
+def bidirectional(r: Runner) -> Row:
+    """Encoders: the first output must depend on the last token (no causal mask by mistake)."""
+    ids = r.ids(2, r.T)
+    changed = ids.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % r.cfg.vocab_size
+    diff = float((r.out(changed)[:, 0] - r.out(ids)[:, 0]).abs().max())
+    return judged(
+        "bidirectional",
+        diff,
+        diff > 0,
+        "> 0",
+        "encoder outputs see every token",
+        "the first output ignores the last token: the encoder applies a causal mask",
+    )
+
+
+def cached_equals_uncached(r: Runner) -> Row:
+    """Prefill half, then one token at a time through the static cache == one full forward."""
+    if r.arch == "encoder":
+        return not_applicable("cached == uncached", "encoders do not decode")
+    m, ids = r.model, r.ids(2, r.T)
+    full = r.out(ids)
+    if r.arch == "decoder":
+        cache = m.new_cache(2, r.T)
+        step = lambda x, pos: m(x, positions=pos, cache=cache)  # noqa: E731
+    else:
+        cache = m.new_cache(2, r.T, memory=m.encode(r.src))
+        step = lambda x, pos: m.decode(x, positions=pos, cache=cache)  # noqa: E731
+    cut = r.T // 2
+    parts = [step(ids[:, :cut], torch.arange(cut, device=r.device))]
+    parts += [step(ids[:, t : t + 1], torch.tensor([t], device=r.device)) for t in range(cut, r.T)]
+    diff = rel_diff(torch.cat(parts, dim=1), full)
+    return judged(
+        "cached == uncached",
+        diff,
+        diff <= TOL,
+        f"<= {TOL:g} rel",
+        "cached decoding equals full recomputation",
+        "cached decoding differs from full recomputation: cache slots, positions or the cache mask are wrong",
+    )
+
+
+def backend_parity(r: Runner) -> Row:
+    """All layers on the math reference == all on SDPA == the model as built, padded batch."""
+    ids, mask = r.padded(r.ids(2, r.T))
+    outs = {}
+    for name, backend in (("built", None), ("math", math_attention), ("sdpa", sdpa_attention)):
+        if backend is None:
+            outs[name] = (r.out(ids, mask), r.out(ids))
+        else:
+            with backends_set_to(r.model, backend):
+                outs[name] = (r.out(ids, mask), r.out(ids))
+    pairs = [("math", "sdpa"), ("built", "math")]
+    diffs = {f"{a} vs {b}": max(rel_diff(x, y) for x, y in zip(outs[a], outs[b])) for a, b in pairs}
+    worst = max(diffs, key=diffs.get)
+    return judged(
+        "math == sdpa",
+        diffs[worst],
+        diffs[worst] <= TOL,
+        f"<= {TOL:g} rel",
+        "math reference, SDPA and the built backend agree",
+        f"{worst} differ by {diffs[worst]:.3g}: the attention backend computes a different function",
+    )
+
+
+def padding_invariance(r: Runner) -> Row:
+    """A padded row's real-token outputs == the same row alone, unpadded. Decoders pad on the
+    left, encoders on the right; encoder-decoders pad the source (src_mask)."""
+    ids = r.ids(2, r.T)
+    if r.arch == "encoder_decoder":
+        src_mask = torch.ones_like(r.src)
+        src_mask[1, -min(PAD, r.T - 1) :] = 0  # sources pad on the right
+        keep = src_mask[1].bool()
+        src = r.src.masked_fill(src_mask == 0, r.cfg.pad_token_id or 0)
+        got = r.out(ids, src=src, src_mask=src_mask)[1]
+        want = r.out(ids[1:2], src=src[1:2, keep])[0]
+    else:
+        padded, mask = r.padded(ids)
+        keep = mask[1].bool()
+        got = r.out(padded, mask)[1, keep]
+        want = r.out(padded[1:2, keep])[0]
+    diff = rel_diff(got, want)
+    return judged(
+        "padding invariance",
+        diff,
+        diff <= TOL,
+        f"<= {TOL:g} rel",
+        "a padded row equals the row alone",
+        "padding changes the real tokens' outputs: the padding mask or per-row positions are wrong",
+    )
+
+
+def relative_positions(r: Runner) -> Row:
+    """RoPE (and ALiBi, relative bias) see only offsets: shifting every position by s must not
+    change the outputs; plus the rotation's own property <R_m q, R_n k> = f(m - n)."""
+    pos = r.cfg.positions
+    if not isinstance(pos, RoPE | ALiBi | RelativeBias):
+        return not_applicable("relative positions", f"positions are {type(pos).__name__ if pos else 'None'}")
+    shift = min(37, r.cfg.max_seq_len - r.T)
+    if shift < 1:
+        return not_applicable("relative positions", "max_seq_len leaves no room to shift")
+    ids = r.ids(2, r.T)
+    base = torch.arange(r.T, device=r.device)
+    diff = rel_diff(r.out(ids, positions=base + shift), r.out(ids, positions=base))
+    if isinstance(pos, RoPE):
+        diff = max(diff, rope_offset_error(r))
+    return judged(
+        "relative positions",
+        diff,
+        diff <= TOL,
+        f"<= {TOL:g} rel",
+        "outputs depend only on relative offsets",
+        "shifting all positions changes the outputs: the rotation (or bias) depends on absolute positions",
+    )
+
+
+def rope_offset_error(r: Runner) -> float:
+    """max over offset-preserving shifts of |<R_m q, R_n k> - <R_m' q, R_n' k>| / |q||k|."""
+    stacks = [s for s in r.model.modules() if getattr(s, "rope", None) is not None and hasattr(s, "blocks")]
+    stack = stacks[0]
+    rotate = stack.blocks[0].attn.rotate
+    E = r.cfg.head_dim
+    q, k = torch.randn(2, 1, 1, 1, E, generator=r.gen).to(r.device)
+    top = r.cfg.max_seq_len - 1
+    pairs = [(5, 2), (9, 6), (top, top - 3)]
+
+    def score(m: int, n: int) -> float:
+        pm, pn = stack.rope(torch.tensor([[m]], device=r.device)), stack.rope(torch.tensor([[n]], device=r.device))
+        return float((rotate(q, *pm) * rotate(k, *pn)).sum())
+
+    scores = [score(m, n) for m, n in pairs]
+    norm = float(q.norm() * k.norm())
+    return max(abs(s - scores[0]) for s in scores) / norm

@@ -1,0 +1,149 @@
+"""The variant grid every equivalence test runs over (DESIGN section 7).
+
+A full product of the axes is 3*2*2*7*5*3*2*2 = 5040 models; a pairwise (all-pairs) covering array
+takes every pair of values of every two axes at least once in ~40 rows. Bugs that need one
+setting or the interaction of two settings (e.g. RoPE x cache, ALiBi x GQA, post-norm x cross
+attention) are then caught at a cost of tens of tiny models. The array is generated
+deterministically by a greedy AETG-style construction, so a failing row has a stable id.
+
+Other test folders import ``variants``, ``config`` and ``build`` from here.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from functools import cache
+
+import torch
+
+import torchformer as tfm
+
+AXES: dict[str, tuple] = {
+    "arch": ("decoder", "encoder", "encoder_decoder"),
+    "norm": ("layernorm", "rmsnorm"),
+    "placement": ("pre", "post"),
+    "position": ("sinusoidal", "learned", "rope-half", "rope-interleaved", "alibi", "relative_bias", "none"),
+    "mlp": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
+    "heads": ("mha", "gqa", "mqa"),
+    "backend": ("math", "sdpa"),
+    "bias": (False, True),
+}
+
+VOCAB, D_MODEL, N_HEADS, N_LAYERS, MAX_LEN = 97, 32, 4, 2, 64
+KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
+POSITIONS = {
+    "sinusoidal": tfm.Sinusoidal,
+    "learned": tfm.Learned,
+    "rope-half": lambda: tfm.RoPE(pairing="half"),
+    "rope-interleaved": lambda: tfm.RoPE(pairing="interleaved"),
+    "alibi": tfm.ALiBi,
+    # Few buckets and a short max distance so test sequences reach the log-spaced buckets.
+    "relative_bias": lambda: tfm.RelativeBias(num_buckets=8, max_distance=20),
+    "none": lambda: None,
+}
+
+
+def pairwise(axes: dict[str, Sequence]) -> list[dict]:
+    """A deterministic covering array: every pair of values of every two axes is in some row.
+
+    Greedy: seed each new row with the first uncovered pair, then give every other axis the
+    value that covers the most still-uncovered pairs with the values already chosen.
+    """
+    names = list(axes)
+
+    def pair(x: str, vx, y: str, vy) -> tuple:  # canonical order: by axis position
+        return ((x, vx), (y, vy)) if names.index(x) < names.index(y) else ((y, vy), (x, vx))
+
+    uncovered = {pair(a, va, b, vb) for a, b in itertools.combinations(names, 2) for va in axes[a] for vb in axes[b]}
+    rows = []
+    while uncovered:
+        (a, va), (b, vb) = min(uncovered, key=lambda p: (names.index(p[0][0]), names.index(p[1][0]), repr(p)))
+        row = {a: va, b: vb}
+        for name in names:
+            if name not in row:
+                row[name] = max(axes[name], key=lambda v: sum(pair(name, v, o, row[o]) in uncovered for o in row))
+        uncovered -= {pair(x, row[x], y, row[y]) for x, y in itertools.combinations(names, 2)}
+        rows.append({name: row[name] for name in names})
+    return rows
+
+
+@cache
+def _rows(archs: tuple[str, ...]) -> tuple[tuple[tuple[str, object], ...], ...]:
+    axes = dict(AXES, arch=archs)
+    return tuple(tuple(row.items()) for row in pairwise(axes))
+
+
+def variants(archs: Iterable[str] = AXES["arch"]) -> list[dict]:
+    """The covering rows restricted to ``archs`` (pairwise over the other axes within them)."""
+    return [dict(row) for row in _rows(tuple(archs))]
+
+
+def variant_id(v: dict) -> str:
+    bias = "bias" if v["bias"] else "nobias"
+    keys = ("arch", "norm", "placement", "position", "mlp", "heads", "backend")
+    return "-".join(str(v[k]) for k in keys) + f"-{bias}"
+
+
+def config(v: dict, **changes) -> tfm.ModelConfig:
+    """The tiny ModelConfig (2 layers, width 32, 4 query heads of size 8) for grid row ``v``."""
+    cfg = tfm.ModelConfig(
+        arch=v["arch"],
+        vocab_size=VOCAB,
+        d_model=D_MODEL,
+        n_layers=N_LAYERS,
+        n_decoder_layers=N_LAYERS if v["arch"] == "encoder_decoder" else None,
+        max_seq_len=MAX_LEN,
+        attention=tfm.AttentionConfig(
+            n_heads=N_HEADS, n_kv_heads=KV_HEADS[v["heads"]], bias=v["bias"], backend=v["backend"]
+        ),
+        block=tfm.BlockConfig(norm=v["norm"], norm_placement=v["placement"], mlp=v["mlp"], bias=v["bias"]),
+        positions=POSITIONS[v["position"]](),
+        tie_embeddings=not v["bias"],  # exercise both tied and untied heads across the grid
+        final_logits_bias=v["bias"] and v["arch"] != "encoder",
+    )
+    return cfg.replace(**changes) if changes else cfg
+
+
+def build(v: dict, seed: int = 0, *, sharp: bool = True, **changes) -> torch.nn.Module:
+    """The grid row's model in eval mode, initialised from ``seed``.
+
+    sharp: at init (std 0.02) attention is nearly uniform, so a wrong mask, rotation or bias moves
+    the outputs by only ~1e-4. Larger q/k weights (std 0.3) and a random relative-bias table (zero
+    at init) make the scores matter, so equivalence checks at 1e-5 have a wide margin to fail.
+    """
+    torch.manual_seed(seed)
+    model = tfm.build_model(config(v, **changes)).eval()
+    if sharp:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_proj.weight", "k_proj.weight")):
+                    p.normal_(std=0.3)
+                elif name.endswith("score_bias.weight"):
+                    p.normal_(std=0.5)
+    return model
+
+
+def params(objs: list[dict]) -> dict:
+    """pytest.mark.parametrize arguments for a list of grid rows."""
+    return {"argvalues": objs, "ids": [variant_id(v) for v in objs]}
+
+
+def source(batch: int, length: int = 9, seed: int = 1) -> torch.Tensor:
+    """A fixed source sequence for encoder-decoder rows (B, S)."""
+    return torch.randint(0, VOCAB, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def forward(model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """One call for every arch: decoder logits, encoder hidden states, or encoder-decoder logits of
+    ``ids`` as the target against a fixed source. ``mask`` is the attention_mask of ``ids``."""
+    arch = model.config.arch
+    if arch == "encoder_decoder":
+        return model(source(ids.shape[0]), ids, tgt_mask=mask)
+    return model(ids, attention_mask=mask)
+
+
+def output_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) for every arch (encoders through their tied MLM head)."""
+    out = forward(model, ids)
+    return model.mlm_logits(out) if model.config.arch == "encoder" else out

@@ -1,0 +1,87 @@
+"""build_model wiring: the right class per arch, ties, shared tables, residual placement, and the
+DESIGN section 3 rule that no forward compares a string or reads the config."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchformer as tfm
+from torchformer.nn.block import post_norm, pre_norm
+
+from .. import grid
+
+SRC = Path(tfm.__file__).parent
+
+
+@pytest.mark.parametrize(
+    ("arch", "cls"), [("decoder", tfm.DecoderLM), ("encoder", tfm.Encoder), ("encoder_decoder", tfm.EncoderDecoder)]
+)
+def test_build_returns_the_arch_class(arch, cls):
+    assert type(grid.build(grid.variants((arch,))[0])) is cls
+
+
+def test_ties_and_shared_tables():
+    v = grid.variants(("encoder_decoder",))[0]
+    m = grid.build(v, tie_embeddings=True, share_embeddings=True)
+    assert m.lm_head.weight is m.tgt_embed.tok.weight is m.src_embed.tok.weight
+    m = grid.build(v, tie_embeddings=True, share_embeddings=False)
+    assert m.lm_head.weight is m.tgt_embed.tok.weight and m.src_embed.tok.weight is not m.tgt_embed.tok.weight
+    m = grid.build(v, tie_embeddings=False, share_embeddings=True)
+    assert m.lm_head.weight is not m.tgt_embed.tok.weight and m.src_embed.tok.weight is m.tgt_embed.tok.weight
+    d = grid.build(grid.variants(("decoder",))[0], tie_embeddings=False)
+    assert d.lm_head.weight is not d.embed.tok.weight
+
+
+@pytest.mark.parametrize("placement", ["pre", "post"])
+def test_residual_placement_and_final_norm(placement):
+    v = dict(grid.variants(("decoder",))[0], placement=placement)
+    m = grid.build(v)
+    assert m.stack.blocks[0].residual is {"pre": pre_norm, "post": post_norm}[placement]
+    assert isinstance(m.stack.final_norm, torch.nn.Identity) == (placement == "post")
+    # pre: x + f(norm(x)); post: norm(x + f(x))
+    norm, f, x = torch.nn.LayerNorm(4), torch.tanh, torch.randn(3, 4)
+    assert torch.equal(pre_norm(x, norm, f), x + f(norm(x)))
+    assert torch.equal(post_norm(x, norm, f), norm(x + f(x)))
+
+
+def test_encoder_token_types_and_embedding_norm():
+    v = grid.variants(("encoder",))[0]
+    m = grid.build(v, n_token_types=2, embed_norm=True)
+    ids = torch.randint(0, grid.VOCAB, (2, 6))
+    types = torch.tensor([[0, 0, 0, 1, 1, 1]] * 2)
+    with torch.no_grad():
+        torch.nn.init.normal_(m.embed.token_types.weight)
+        a, b = m(ids), m(ids, token_type_ids=types)
+    assert torch.equal(a, m(ids, token_type_ids=torch.zeros_like(ids)))
+    assert (a - b).abs().max() > 1e-3
+    assert m.embed.norm is not None
+
+
+def test_position_shapes_are_equivalent():
+    m = grid.build(grid.variants(("decoder",))[0])
+    ids = torch.randint(0, grid.VOCAB, (2, 6))
+    pos = torch.arange(3, 9)
+    with torch.no_grad():
+        a = m(ids, positions=pos)
+        assert torch.equal(a, m(ids, positions=pos[None]))
+        assert torch.equal(a, m(ids, positions=pos[None].expand(2, -1)))
+
+
+FORWARD_FILES = [*sorted((SRC / "nn").glob("*.py")), SRC / "models" / "stack.py"]
+
+
+@pytest.mark.parametrize("path", FORWARD_FILES, ids=lambda p: p.name)
+def test_building_blocks_never_compare_strings_or_read_config(path):
+    """DESIGN 3: after build, forwards never compare a string and never read ``config``."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            assert not any(isinstance(o, ast.Constant) and isinstance(o.value, str) for o in operands), (
+                f"{path.name}:{node.lineno} compares a string"
+            )
+        if isinstance(node, ast.Attribute | ast.Name):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id
+            assert name not in ("config", "cfg"), f"{path.name}:{node.lineno} reads the config"

@@ -1,0 +1,143 @@
+"""Position schemes: the properties that define them, checked against formulas written here."""
+
+import math
+
+import pytest
+import torch
+
+from torchformer.models.build import SINUSOID_LAYOUTS
+from torchformer.nn.positions import (
+    ALiBiBias,
+    RelativePositionBias,
+    RotaryTable,
+    alibi_slopes,
+    rotate_half,
+    rotate_interleaved,
+    sinusoid_table,
+)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split"])
+def test_sinusoid_values_follow_the_paper(layout):
+    D, table = 16, sinusoid_table(50, 16, 10000.0, SINUSOID_LAYOUTS[layout])
+    for pos in (0, 1, 7, 49):
+        for i in range(D // 2):
+            angle = pos / 10000 ** (2 * i / D)
+            s, c = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, D // 2 + i)
+            assert table[pos, s].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, c].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "split"])
+@pytest.mark.parametrize("k", [1, 5, 37])
+def test_sinusoid_shift_is_a_fixed_block_rotation(layout, k):
+    """PE(pos + k) = R_k PE(pos) for every pos, with one R_k (Vaswani 2017, 3.5)."""
+    N, D = 512, 32
+    pe = sinusoid_table(N, D, 10000.0, SINUSOID_LAYOUTS[layout]).double()
+    R = torch.zeros(D, D, dtype=torch.float64)
+    for i in range(D // 2):
+        w = 10000 ** (-2 * i / D)
+        s, c = (2 * i, 2 * i + 1) if layout == "interleaved" else (i, D // 2 + i)
+        # sin(a + b) = sin a cos b + cos a sin b;  cos(a + b) = cos a cos b - sin a sin b
+        R[s, s], R[s, c] = math.cos(k * w), math.sin(k * w)
+        R[c, s], R[c, c] = -math.sin(k * w), math.cos(k * w)
+    shifted = pe[:-k] @ R.T
+    assert (shifted - pe[k:]).abs().max().item() < 1e-5
+    # A different shift is a different map: the check can fail.
+    assert (pe[:-k] - pe[k:]).abs().max().item() > 0.1
+
+
+ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
+
+
+def scores(rotate, q, k, qpos, kpos, table):
+    cq, sq = table(torch.tensor([[qpos]]))
+    ck, sk = table(torch.tensor([[kpos]]))
+    return (rotate(q, cq, sq) * rotate(k, ck, sk)).sum(-1)
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_rope_scores_depend_only_on_the_offset(pairing):
+    rotate, table = ROTATIONS[pairing], RotaryTable(256, 16, 10000.0)
+    q, k = torch.randn(1, 3, 1, 16), torch.randn(1, 3, 1, 16)
+    ref = scores(rotate, q, k, 5, 2, table)
+    for m, n in [(20, 17), (3, 0), (200, 197), (103, 100)]:
+        assert (scores(rotate, q, k, m, n, table) - ref).abs().max().item() < 1e-4
+    assert (scores(rotate, q, k, 6, 2, table) - ref).abs().max().item() > 1e-3
+    # Rotations keep norms, and position 0 is the identity.
+    c, s = table(torch.tensor([[37]]))
+    assert torch.allclose(rotate(q, c, s).norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    c0, s0 = table(torch.tensor([[0]]))
+    assert torch.equal(rotate(q, c0, s0), q)
+
+
+def test_rope_pairings_differ_by_a_feature_permutation():
+    """interleaved(x)[perm] == half(x[perm]) with perm = evens then odds."""
+    table = RotaryTable(64, 8, 10000.0)
+    x = torch.randn(2, 3, 5, 8)
+    c, s = table(torch.arange(5)[None])
+    perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])
+    assert torch.allclose(rotate_interleaved(x, c, s)[..., perm], rotate_half(x[..., perm], c, s), atol=1e-6)
+
+
+def test_alibi_slopes_match_the_paper():
+    assert alibi_slopes(8).tolist() == [2.0**-i for i in range(1, 9)]
+    assert alibi_slopes(4).tolist() == [2.0**-i for i in (2, 4, 6, 8)]
+    # Not a power of two: 8 slopes of the 8-head set, then every other slope of the 16-head set.
+    twelve = [2.0**-i for i in range(1, 9)] + [2.0**-x for x in (0.5, 1.5, 2.5, 3.5)]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(twelve))
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    bias = ALiBiBias(2)(torch.tensor([[0, 1, 2]]), torch.tensor([[0, 1, 2]]))
+    expected = -torch.tensor([[0, 1, 2], [1, 0, 1], [2, 1, 0]], dtype=torch.float32)
+    assert torch.equal(bias[0, 0], expected / 16) and torch.equal(bias[0, 1], expected / 256)
+
+
+# relative = key - query -> bucket, worked out by hand from T5's formula (32 buckets, distance 128).
+BIDIRECTIONAL = {
+    0: 0,
+    -1: 1,
+    -7: 7,
+    -8: 8,
+    -9: 8,
+    -12: 9,
+    -20: 10,
+    -40: 12,
+    -100: 15,
+    -1000: 15,
+    1: 17,
+    8: 24,
+    20: 26,
+    1000: 31,
+}
+UNIDIRECTIONAL = {0: 0, 5: 0, 1000: 0, -1: 1, -15: 15, -20: 17, -40: 23, -100: 30, -127: 31, -500: 31}
+
+
+@pytest.mark.parametrize(("bidirectional", "table"), [(True, BIDIRECTIONAL), (False, UNIDIRECTIONAL)])
+def test_relative_buckets_follow_t5(bidirectional, table):
+    module = RelativePositionBias(4, 32, 128, bidirectional)
+    relative = torch.tensor(list(table))
+    assert module.bucket(relative).tolist() == list(table.values())
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_relative_buckets_equal_hf_t5(bidirectional):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative = torch.arange(-300, 300)[None]
+    ours = RelativePositionBias(4, 32, 128, bidirectional).bucket(relative)
+    theirs = T5Attention._relative_position_bucket(relative, bidirectional, 32, 128)
+    assert torch.equal(ours, theirs)
+
+
+def test_relative_bias_is_one_scalar_per_head_and_bucket():
+    module = RelativePositionBias(3, 8, 20, bidirectional=False)
+    torch.nn.init.normal_(module.weight)
+    q = torch.tensor([[4, 5]])
+    k = torch.arange(6)[None]
+    bias = module(q, k)
+    assert bias.shape == (1, 3, 2, 6)
+    buckets = module.bucket(k[:, None, :] - q[:, :, None])[0]
+    for h in range(3):
+        assert torch.equal(bias[0, h], module.weight[buckets, h])
