@@ -197,3 +197,32 @@ def test_invalid_values_in_json_are_validated():
     d["attention"]["n_kv_heads"] = 3
     with pytest.raises(ValueError, match="attention.n_kv_heads=3"):
         tfm.ModelConfig.from_dict(d)
+
+
+TYPE_RULES = {
+    "attention.n_heads": (lambda: tfm.AttentionConfig(n_heads="4"), "attention.n_heads='4'", "an integer"),
+    "attention.bias": (lambda: tfm.AttentionConfig(n_heads=4, bias=1), "attention.bias=1", "true or false"),
+    "block.d_ff": (lambda: tfm.BlockConfig(d_ff=3.0), "block.d_ff=3.0", "an integer or None"),
+    "block.dropout": (lambda: tfm.BlockConfig(dropout="0.1"), "block.dropout='0.1'", "a number"),
+    "positions.base": (lambda: tfm.RoPE(base="1e4"), "positions.base='1e4'", "a number"),
+    "positions.num_buckets": (lambda: tfm.RelativeBias(num_buckets=None), "positions.num_buckets=None", "integer"),
+    "d_model": (lambda: model(d_model=32.0), "d_model=32.0", "an integer"),
+    "n_layers bool": (lambda: model(n_layers=True), "n_layers=True", "an integer"),
+    "tie_embeddings": (lambda: model(tie_embeddings="yes"), "tie_embeddings='yes'", "true or false"),
+    "eos_token_id": (lambda: model(eos_token_id="1"), "eos_token_id='1'", "an integer or None"),
+}
+
+
+@pytest.mark.parametrize("rule", list(TYPE_RULES))
+def test_wrong_scalar_types_name_the_field(rule):
+    """A string or float where an int belongs (e.g. from YAML) is a ValueError naming the field,
+    never a TypeError from deep inside a comparison or nn.Linear."""
+    make, named, allowed = TYPE_RULES[rule]
+    with pytest.raises(ValueError) as err:
+        make()
+    assert named in str(err.value) and allowed in str(err.value)
+
+
+def test_ints_are_accepted_for_float_fields():
+    assert tfm.RoPE(base=10000).base == 10000
+    assert model(dropout=0, init_std=1).dropout == 0

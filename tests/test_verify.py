@@ -176,3 +176,24 @@ def test_cli_verify_exits_1_on_a_failure(tmp_path, monkeypatch, capsys):
 def test_cli_verify_unknown_model_is_a_clean_error(capsys):
     assert main(["verify", "no-such-model"]) == 2
     assert "neither a folder" in capsys.readouterr().err
+
+
+def test_cli_verify_an_hf_folder_of_each_shape(tmp_path, capsys):
+    from torchformer.interop import to_hf
+
+    bart = shrink_config(tfm.presets.get("vanilla-base")).replace(
+        positions=tfm.Learned(offset=2),
+        embed_norm=True,
+        embed_scale=False,
+        final_logits_bias=True,
+        block={"mlp": "gelu"},
+    )
+    models = {
+        "llama-tiny": preset_model("llama-tiny"),
+        "minilm-l6": preset_model("minilm-l6"),
+        "bart": tfm.build_model(bart),
+    }
+    for name, model in models.items():
+        to_hf(model, tmp_path / name)
+        assert main(["verify", str(tmp_path / name)]) == 0, capsys.readouterr().out
+        assert "all checks passed" in capsys.readouterr().out

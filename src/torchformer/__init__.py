@@ -16,6 +16,7 @@ from .config import (
     Sinusoidal,
 )
 from .generation import beam_search, generate, stream
+from .interop import from_hf, to_hf
 from .loading import load_any, load_tokenizer
 from .models.build import build_model
 from .models.decoder import DecoderLM
@@ -45,11 +46,13 @@ __all__ = [
     "flops_per_token",
     "kv_cache_bytes",
     "generate",
+    "from_hf",
     "load",
     "load_any",
     "load_tokenizer",
     "presets",
     "save",
+    "to_hf",
     "verify",
     "stream",
 ]

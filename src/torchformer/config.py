@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from functools import cache
+from typing import Any, Literal, get_args, get_type_hints
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -37,12 +38,51 @@ def _raise(cls_name: str, problems: list[str]) -> None:
         raise ValueError(f"invalid {cls_name}:\n  - {lines}")
 
 
+_SCALARS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _is(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@cache
+def _scalar_fields(cls: type) -> tuple[tuple[str, tuple[type, ...], bool], ...]:
+    """(name, scalar kinds, None allowed) for every bool/int/float field of a config class."""
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = get_type_hints(cls)[f.name]
+        options = get_args(hint) or (hint,)
+        kinds = tuple(k for k in options if isinstance(k, type) and k in _SCALARS)
+        if kinds:
+            out.append((f.name, kinds, type(None) in options))
+    return tuple(out)
+
+
+def _type_problems(obj: Any, prefix: str) -> list[str]:
+    """Scalar fields of the wrong type (e.g. "4" or 4.0 for an int), reported before the range
+    rules, which could not even compare such values."""
+    problems = []
+    for name, kinds, optional in _scalar_fields(type(obj)):
+        value = getattr(obj, name)
+        if not (value is None and optional) and not any(_is(value, k) for k in kinds):
+            allowed = " or ".join(_SCALARS[k] for k in kinds) + (" or None" if optional else "")
+            problems.append(f"{prefix}{name}={value!r}: must be {allowed}")
+    return problems
+
+
 class _Validated:
     """Nested configs check their own fields on construction; ModelConfig adds cross-field rules."""
 
+    _prefix = "positions."  # how messages name this class's fields inside a ModelConfig
+
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        self._problems(problems)  # type: ignore[attr-defined]
+        problems = _type_problems(self, self._prefix)
+        if not problems:
+            self._problems(problems)  # type: ignore[attr-defined]
         _raise(type(self).__name__, problems)
 
 
@@ -140,6 +180,8 @@ class AttentionConfig(_Validated):
     last W keys (Mistral).
     """
 
+    _prefix = "attention."
+
     n_heads: int
     n_kv_heads: int | None = None
     head_dim: int | None = None
@@ -184,6 +226,8 @@ class BlockConfig(_Validated):
     d_ff None picks the default: 4 * d_model, or for gated MLPs 8/3 * d_model rounded up to a
     multiple of 256 (Llama: 4096 -> 11008), which keeps the parameter count of a 4x ungated MLP.
     """
+
+    _prefix = "block."
 
     norm: Norm = "layernorm"
     norm_eps: float = 1e-5
@@ -248,6 +292,7 @@ class ModelConfig:
     decoder_start_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        _raise("ModelConfig", _type_problems(self, ""))
         p: list[str] = []
         _check_choice(p, "arch", self.arch, Arch)
         _check_choice(p, "init", self.init, Init)

@@ -99,7 +99,10 @@ def test_attention_cross_on_an_encoder_decoder(tmp_path, capsys):
     # vanilla-base is 63M parameters at random init: keep it, it is the 2017 model itself
     assert main([*args, "--layer", "0"]) == 0
     out = capsys.readouterr().out
-    assert "decoder.blocks.0.cross_attn" in out
+    assert "decoder.blocks.0.cross_attn" in out and "encoder.blocks" not in out
+    assert main(["attention", "vanilla-base", "--text", "abc def", "--kind", "encoder", "--layer", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "encoder.blocks.5.attn" in out and "decoder.blocks" not in out
 
 
 @pytest.mark.parametrize(
@@ -123,3 +126,9 @@ def test_ascii_ramp_is_denser_for_larger_weights():
     text = ascii_attention(torch.tensor([[1.0, 0.0], [0.6, 0.3]]), ["a", "b"])
     assert RAMP == " .:-=+*#%@"
     assert text.splitlines() == ["   a @ ", "   b +-"]  # 9 * 0.6 = 5.4 -> "+", 9 * 0.3 = 2.7 -> "-"
+
+
+def test_attention_on_an_encoder_preset(capsys):
+    assert main(["attention", "minilm-l6", "--text", "hello there", "--layer", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "stack.blocks.5.attn" in out and "stack.blocks.4.attn" not in out

@@ -102,3 +102,40 @@ def test_config_fields_mapped():
 
 def test_config_from_hf_reads_only_the_config(hf_model):
     assert config_from_hf(hf_model("bart")[0]).positions == tfm.Learned(offset=2)
+
+
+@torch.no_grad()
+def test_gpt2_body_without_transformer_prefix(hf_model, tmp_path):
+    """GPT2Model checkpoints (like OpenAI's original upload) have keys h.0..., wte.weight."""
+    folder, hf = hf_model("gpt2")
+    hf.transformer.save_pretrained(tmp_path)
+    body, full = from_hf(tmp_path), from_hf(folder)
+    ids = torch.randint(0, 128, (2, 9))
+    assert torch.equal(body(ids), full(ids))
+
+
+@torch.no_grad()
+def test_bert_task_checkpoint_with_prefix_drops_its_heads(hf_model, tmp_path):
+    import transformers as T
+
+    _, bert = hf_model("bert")
+    mlm = T.BertForMaskedLM(bert.config).eval()
+    mlm.save_pretrained(tmp_path)  # keys bert.embeddings..., cls.predictions...
+    ids = torch.randint(0, 128, (2, 9))
+    got = from_hf(tmp_path)(ids)
+    assert (got - mlm.bert(input_ids=ids).last_hidden_state).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_model_survives_export_over_its_own_folder(hf_model, tmp_path):
+    """Weights stay memory-mapped from the file they came from; exports replace folders by rename,
+    so writing over the source folder never pulls the data from under a live model."""
+    import shutil
+
+    shutil.copytree(hf_model("llama")[0], tmp_path / "m")
+    model = from_hf(tmp_path / "m")
+    ids = torch.randint(0, 128, (1, 8))
+    before = model(ids)
+    tfm.to_hf(model, tmp_path / "m")
+    assert torch.equal(model(ids), before)
+    assert torch.equal(from_hf(tmp_path / "m")(ids), before)

@@ -85,3 +85,39 @@ def test_building_blocks_never_compare_strings_or_read_config(path):
         if isinstance(node, ast.Attribute | ast.Name):
             name = node.attr if isinstance(node, ast.Attribute) else node.id
             assert name not in ("config", "cfg"), f"{path.name}:{node.lineno} reads the config"
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_dropout_only_in_training(backend):
+    v = dict(grid.variants(("decoder",))[0], backend=backend)
+    changes = dict(dropout=0.2, attention={"dropout": 0.2}, block={"dropout": 0.2})
+    model, plain = grid.build(v, **changes), grid.build(v)
+    plain.load_state_dict(model.state_dict())
+    ids = torch.randint(0, grid.VOCAB, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(model(ids), plain(ids))  # eval: dropout is the identity
+        model.train()
+        a, b = model(ids), model(ids)
+    assert (a - b).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "nn").glob("*.py")), ids=lambda p: p.name)
+def test_gqa_never_copies_kv_heads(path):
+    """GQA groups query heads over shared K/V (sdpa's enable_gqa, a view in math), never a copy."""
+    text = path.read_text()
+    assert "repeat_interleave" not in text and "repeat_kv" not in text
+
+
+def test_mask_is_none_exactly_when_sdpa_is_causal_is_exact():
+    v = dict(grid.variants(("decoder",))[0], position="rope-half")
+    stack = grid.build(v).stack
+    pos = torch.arange(5)[None].expand(2, -1)
+    fast = stack.context(pos, None, None)
+    assert fast.mask is None and fast.is_causal and fast.bias is None
+    padded = stack.context(pos, torch.tensor([[0, 1, 1, 1, 1], [1] * 5]), None)
+    assert padded.mask is not None and not padded.is_causal
+    assert padded.mask[0, 0, 4].tolist() == [False, True, True, True, True]
+    alibi = grid.build(dict(v, position="alibi")).stack.context(pos, None, None)
+    assert alibi.mask is not None and alibi.bias is not None and not alibi.is_causal
+    enc = grid.build(dict(v, arch="encoder")).stack.context(pos, None, None)
+    assert enc.mask is None and not enc.is_causal

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from .tiny import words_text
 
@@ -8,3 +9,12 @@ def corpus(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text(words_text(400))
     return path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: one thread beats two (no OpenMP barriers), and the suite shares the machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -9,6 +9,8 @@ import torch
 
 from .. import presets
 
+STACKS = {"self": "decoder", "cross": "decoder", "encoder": "encoder"}  # --kind -> stack of an encoder-decoder
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
@@ -17,10 +19,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="input text (tokenized with the folder's tokenizer.json, else as UTF-8 bytes)")
     text.add_argument("--ids", help="input token ids, comma-separated (when there is no tokenizer)")
-    p.add_argument("--target", help="encoder-decoder only: decoder input text (default: the same as --text)")
+    p.add_argument("--target", help="encoder-decoder: decoder input text (default: the same as --text)")
     p.add_argument("--layer", type=int, default=None, help="only this block (default: all)")
     p.add_argument("--head", type=int, default=None, help="the head shown as ASCII (default 0); with --out only it")
-    p.add_argument("--kind", choices=["self", "cross"], default="self", help="self- or cross-attention (default self)")
+    p.add_argument(
+        "--kind",
+        choices=list(STACKS),
+        default="self",
+        help="self-attention (default), or for encoder-decoders cross (decoder over source) or encoder",
+    )
     p.add_argument("--out", default=None, help="write a layer x head grid of heatmaps to this PNG")
     p.add_argument("--seed", type=int, default=0, help="weights seed for a preset (random weights)")
 
@@ -64,55 +71,62 @@ def capture(model, ids: list[int], target: list[int] | None, layer: int | None):
     return rec
 
 
+def check(args: argparse.Namespace, cfg) -> None:
+    """Argument errors, from the config alone, before any weights are loaded."""
+    if args.kind != "self" and cfg.arch != "encoder_decoder":
+        raise ValueError(f"--kind {args.kind} needs an encoder-decoder; this model is a {cfg.arch}")
+    layers = cfg.n_layers if args.kind == "encoder" else cfg.decoder_layers
+    if args.layer is not None and not 0 <= args.layer < layers:
+        raise ValueError(f"--layer={args.layer}: must be in [0, {layers})")
+    if args.head is not None and not 0 <= args.head < cfg.attention.n_heads:
+        raise ValueError(f"--head={args.head}: must be in [0, {cfg.attention.n_heads})")
+
+
+def print_stats(captures) -> None:
+    from ..analysis import head_stats
+
+    print(f"{'layer':<26} {'head':>4} {'entropy':>8} {'max':>6} {'distance':>9}")
+    for c in captures:
+        for h, ent, top, dist in head_stats(c.weights).rows():
+            print(f"{c.name:<26} {h:>4} {ent:>8.3f} {top:>6.3f} {dist:>9.2f}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Record the attention of MODEL on a text; print per-head statistics and an ASCII map.
 
     MODEL is a checkpoint, a Hugging Face folder or a preset (random weights). Entropy is in
     nats (ln of the number of keys for a uniform head), max is the mean largest weight, distance
     is the mean sum_j a_ij |i - j| in tokens. Encoder-decoders: --text is the source, --target
-    the decoder input; --kind cross shows the decoder's attention over the source.
+    the decoder input; --kind self (decoder), cross (decoder over the source) or encoder.
 
     torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png
     """
-    from ..analysis import ascii_attention, head_stats, plot_attention
+    from ..analysis import ascii_attention, plot_attention
     from ..loading import load_any
+    from .plan import config_of
 
-    model = load_any(args.model, seed=args.seed)
-    cfg = model.config
+    cfg = config_of(args.model)
+    check(args, cfg)
     ids, labels = encode(args.model, args.text, args.ids, cfg.vocab_size)
-    if len(ids) > cfg.max_seq_len:
-        raise ValueError(f"the input has {len(ids)} tokens > max_seq_len={cfg.max_seq_len}")
     target, t_labels = ids, labels
-    if cfg.arch == "encoder_decoder" and args.target is not None:
+    if args.target is not None:
         target, t_labels = encode(args.model, args.target, None, cfg.vocab_size)
-    if args.kind == "cross" and cfg.arch != "encoder_decoder":
-        raise ValueError(f"--kind cross needs an encoder-decoder; this model is a {cfg.arch}")
-    if args.layer is not None and not 0 <= args.layer < max(cfg.n_layers, cfg.decoder_layers):
-        raise ValueError(f"--layer={args.layer}: must be in [0, {max(cfg.n_layers, cfg.decoder_layers)})")
-    if args.head is not None and not 0 <= args.head < cfg.attention.n_heads:
-        raise ValueError(f"--head={args.head}: must be in [0, {cfg.attention.n_heads})")
-    rec = capture(model, ids, target, args.layer)
-    stack = "decoder" if cfg.arch == "encoder_decoder" else None
-    caps = rec.select(kind=args.kind, stack=stack)
-    q_labels = t_labels if cfg.arch == "encoder_decoder" else labels
-    k_labels = labels if args.kind == "cross" else q_labels
-    print(f"{'layer':<26} {'head':>4} {'entropy':>8} {'max':>6} {'distance':>9}")
-    for c in caps:
-        for h, ent, top, dist in head_stats(c.weights).rows():
-            print(f"{c.name:<26} {h:>4} {ent:>8.3f} {top:>6.3f} {dist:>9.2f}")
-    shown = caps[0] if args.layer is None else caps[-1]
+    if max(len(ids), len(target)) > cfg.max_seq_len:
+        raise ValueError(f"the input has {max(len(ids), len(target))} tokens > max_seq_len={cfg.max_seq_len}")
+    rec = capture(load_any(args.model, seed=args.seed), ids, target, args.layer)
+    two_sided = cfg.arch == "encoder_decoder"
+    caps = rec.select(kind="cross" if args.kind == "cross" else "self", stack=STACKS[args.kind] if two_sided else None)
+    q_labels = t_labels if two_sided and args.kind != "encoder" else labels
+    k_labels = labels if args.kind != "self" else q_labels
+    print_stats(caps)
     head = args.head or 0
-    print(f"\n{shown.name} head {head} (rows: queries, columns: keys; denser = more weight)")
-    print(ascii_attention(shown.weights[0, head], q_labels, k_labels))
+    print(f"\n{caps[0].name} head {head} (rows: queries, columns: keys; denser = more weight)")
+    print(ascii_attention(caps[0].weights[0, head], q_labels, k_labels))
     if args.out is not None:
         heads = None if args.head is None else [args.head]
+        titles = [c.name for c in caps]
         path = plot_attention(
-            [c.weights for c in caps],
-            args.out,
-            tokens=q_labels,
-            key_tokens=k_labels,
-            titles=[c.name for c in caps],
-            heads=heads,
+            [c.weights for c in caps], args.out, tokens=q_labels, key_tokens=k_labels, titles=titles, heads=heads
         )
         print(f"\nwrote {path}")
     return 0

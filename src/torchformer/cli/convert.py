@@ -20,7 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --from-hf: RoPE layout of the converted model (permutes q/k rows; same logits)",
     )
     p.add_argument("--no-strict", action="store_true", help="with --from-hf: drop tensors no rule knows")
-    p.add_argument("--model-type", help="with --to-hf: force a family (llama, mistral, qwen2, gpt2, bert, bart, marian)")
+    p.add_argument(
+        "--model-type", help="with --to-hf: force a family (llama, mistral, qwen2, gpt2, bert, bart, marian)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

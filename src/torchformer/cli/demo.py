@@ -13,7 +13,6 @@ DEMOS = ("shakespeare", "reverse")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default=None, help="run folder (default: runs/<recipe>)")
     p.add_argument(
         "words", nargs="*", help=f"which demo, one of {list(DEMOS)} (default shakespeare), then dotted recipe overrides"
     )
@@ -28,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if which not in DEMOS:
         raise ValueError(f"demo {which!r}: choose one of {list(DEMOS)}")
     recipe = "shakespeare-char" if which == "shakespeare" else "reverse"
-    ns = argparse.Namespace(recipe=recipe, data=None, out=args.out, device=None, resume=None, overrides=words)
+    ns = argparse.Namespace(recipe=recipe, data=None, out=None, device=None, resume=None, overrides=words)
     if which == "shakespeare":
         return train_cli.run(ns)
     return reverse(ns)
@@ -40,8 +39,7 @@ def reverse(ns: argparse.Namespace) -> int:
     from ..training.train import train
     from .train import BarReporter
 
-    overrides = list(ns.overrides) + ([f"train.out_dir={ns.out}"] if ns.out else [])
-    result = train(load(ns.recipe, overrides), reporter=BarReporter())
+    result = train(load(ns.recipe, ns.overrides), reporter=BarReporter())
     pairs = result.data.val
     acc, examples = exact_match(result.model, result.tokenizer, pairs)
     print(f"held-out exact match: {100 * acc:.1f}% of {len(pairs)} reversals (greedy decoding)")

@@ -23,7 +23,7 @@ class SafetensorsFolder:
         self._where = {}
         for file in files:
             handle = _open(file, device)
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
                 self._where[name] = handle
                 self.shapes[name] = tuple(handle.get_slice(name).get_shape())
 

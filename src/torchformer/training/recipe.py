@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,36 @@ def _deep_merge(base: dict, changes: dict, where: str) -> dict:
     return out
 
 
+_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
+
+
+def _check_types(cls: type, section: dict[str, Any], where: str) -> None:
+    """Scalars must have their declared type (a YAML typo like lr: 3e-4x is caught here)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in section:
+            continue
+        value, (kind, _, optional) = section[f.name], str(f.type).partition(" | None")
+        if value is None and optional:
+            continue
+        ok = _TYPES.get(kind)
+        if ok is not None and (not isinstance(value, ok) or (kind != "bool" and isinstance(value, bool))):
+            raise ValueError(f"{where}.{f.name}={value!r}: must be {f.type}")
+
+
+def _numbers(value: Any) -> Any:
+    """YAML 1.1 reads '3e-4' (no dot) as a string; recipes mean the number."""
+    if isinstance(value, dict):
+        return {k: _numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and _FLOAT.match(value):
+        return float(value)
+    return value
+
+
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def from_dict(raw: dict[str, Any]) -> Recipe:
     allowed = {"name", "model", *SECTIONS}
     unknown = sorted(set(raw) - allowed)
@@ -140,6 +171,7 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
         bad = sorted(set(section) - known)
         if bad:
             raise ValueError(f"unknown key(s) {[f'{name}.{b}' for b in bad]}; allowed in {name}: {sorted(known)}")
+        _check_types(cls, section, name)
         kwargs[name] = cls(**section)
     model = raw.get("model") or {"preset": "shakespeare-char"}
     if not isinstance(model, dict):
@@ -159,7 +191,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     keys = path.strip().split(".")
     if len(keys) < 2 and keys[0] != "name":
         raise ValueError(f"override {text!r}: name a section and a key, e.g. train.steps=100")
-    return keys, yaml.safe_load(value) if value.strip() else ""
+    return keys, _numbers(yaml.safe_load(value)) if value.strip() else ""
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -184,7 +216,7 @@ def read_file(path: str | Path) -> dict[str, Any]:
         p = RECIPES_DIR / f"{p}.yaml"
     if not p.is_file():
         raise FileNotFoundError(f"recipe {str(path)!r} not found (a YAML file, or a name in {RECIPES_DIR})")
-    data = yaml.safe_load(p.read_text()) or {}
+    data = _numbers(json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text()) or {})
     if not isinstance(data, dict):
         raise ValueError(f"recipe {p} must be a mapping of sections, got {type(data).__name__}")
     return data

@@ -1,0 +1,35 @@
+"""Issue 4, test 4: DDP on CPU (gloo, 2 processes via torchrun) gives the weights of a single
+process with the same global batch after 5 steps, within 1e-5."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from safetensors.torch import load_file
+
+from torchformer.training.train import train
+
+from .tiny import tiny_recipe
+
+
+def test_ddp_two_processes_equal_one(tmp_path, corpus):
+    make = lambda out: tiny_recipe(out, corpus, train={"steps": 5, "batch_size": 8, "grad_accum": 2})  # noqa: E731
+    single = train(make(tmp_path / "single"))
+    recipe_file = tmp_path / "ddp.json"
+    recipe_file.write_text(json.dumps(make(tmp_path / "ddp").to_dict()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "torchformer.cli.main", "train", "--recipe", str(recipe_file)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("done: step 5") == 1  # rank 0 alone reports
+    ddp = load_file(str(tmp_path / "ddp" / "model.safetensors"))
+    ref = {k: v for k, v in single.model.state_dict().items() if k in ddp}
+    assert ddp.keys() == ref.keys()
+    moved = False
+    for name, tensor in ddp.items():
+        torch.testing.assert_close(tensor, ref[name], atol=1e-5, rtol=0, msg=name)
+        moved |= not torch.equal(tensor, load_file(str(tmp_path / "single" / "model.safetensors"))[name] * 0)
+    assert moved
