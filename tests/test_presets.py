@@ -124,3 +124,20 @@ def test_every_preset_builds_and_runs_small():
         ids = torch.randint(0, 64, (2, 8))
         out = model(ids, ids) if small.arch == "encoder_decoder" else model(ids)
         assert out.shape[:2] == (2, 8) and torch.isfinite(out).all()
+
+
+def test_meta_device_counting_and_loading_stay_cheap(tmp_path):
+    """Meta-device builds (count_params, load) must not fill tensors: normal_/arange on meta go
+    through torch._refs and import torch._dynamo, which costs ~5 s in a fresh process."""
+    import subprocess
+    import sys
+
+    tfm.save(tfm.build_model(tfm.presets.get("llama-tiny", n_layers=1)), tmp_path / "m")
+    code = (
+        "import sys, torchformer as tfm\n"
+        "[tfm.count_params(tfm.presets.get(n)) for n in tfm.presets.names()]\n"
+        f"tfm.load({str(tmp_path / 'm')!r})\n"
+        "assert 'torch._dynamo' not in sys.modules, 'torch._dynamo was imported'\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

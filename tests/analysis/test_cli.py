@@ -31,7 +31,7 @@ def test_plan_mha_model_has_no_gqa_line_and_mfu(capsys):
     out = capsys.readouterr().out
     assert "124,439,808" in out and "GQA" not in out
     # 1000 tok/s * 3 * 284,812,800 FLOPs / 1e12
-    assert "MFU           85.4%" in out
+    assert "MFU           85.4% at 1,000 tokens/s of 1 TFLOP/s peak" in out
 
 
 def test_plan_reads_checkpoint_and_hf_folders(tmp_path, capsys):
@@ -52,6 +52,8 @@ def test_plan_bad_arguments_are_one_line_errors(capsys):
     assert "--seq-len=5000" in capsys.readouterr().err
     assert main(["plan", "gpt2-small", "--dtype", "int3"]) == 2
     assert "dtype='int3'" in capsys.readouterr().err
+    assert main(["plan", "gpt2-small", "--tokens-per-second", "1", "--peak-tflops", "fast"]) == 2
+    assert "--peak-tflops='fast'" in capsys.readouterr().err
 
 
 def check_png(path, min_pixels=200):

@@ -48,7 +48,14 @@ def test_generate_runs_on_an_hf_folder(tmp_path, capsys):
         trainers.BpeTrainer(vocab_size=280, initial_alphabet=alphabet),
     )
     config = T.GPT2Config(
-        vocab_size=tok.get_vocab_size(), n_embd=64, n_layer=2, n_head=4, n_positions=64, initializer_range=0.5
+        vocab_size=tok.get_vocab_size(),
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=64,
+        initializer_range=0.5,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     hf = T.GPT2LMHeadModel(config).eval()
     hf.save_pretrained(tmp_path)

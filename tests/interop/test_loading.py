@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -40,9 +42,18 @@ def test_tied_head_is_one_tensor_after_loading(hf_model):
     assert bart.lm_head.weight is bart.src_embed.tok.weight is bart.tgt_embed.tok.weight
 
 
-def test_dtype_converts_while_reading(hf_model):
+def test_dtype_converts_while_reading(hf_model, tmp_path):
     model = from_hf(hf_model("llama")[0], dtype=torch.float64)
     assert {p.dtype for p in model.parameters()} == {torch.float64}
+    tfm.to_hf(model, tmp_path / "f64")  # writes "dtype": "float64"
+    assert {p.dtype for p in from_hf(tmp_path / "f64").parameters()} == {torch.float64}
+    config = json.loads((tmp_path / "f64" / "config.json").read_text())
+    assert config["dtype"] == "float64"
+    config["torch_dtype"] = config.pop("dtype").replace("float64", "bfloat16")  # the 4.x spelling
+    (tmp_path / "f64" / "config.json").write_text(json.dumps(config))
+    assert {p.dtype for p in from_hf(tmp_path / "f64", dtype="config").parameters()} == {torch.bfloat16}
+    with pytest.raises(TypeError, match="dtype='fp8'"):
+        from_hf(tmp_path / "f64", dtype="fp8")
 
 
 def test_load_any_reads_an_hf_folder(hf_model):

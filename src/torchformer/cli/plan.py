@@ -11,6 +11,7 @@ from ..analysis.accounting import (
     as_dtype,
     flops_per_token,
     kv_cache_bytes,
+    matmul_peak_flops,
     mfu,
     param_breakdown,
     training_bytes,
@@ -26,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="batch size for KV cache and activations (default 1)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 (default float32)")
     p.add_argument("--tokens-per-second", type=float, default=None, help="measured training throughput, for MFU")
-    p.add_argument("--peak-tflops", type=float, default=None, help="hardware peak in TFLOP/s, for MFU")
+    p.add_argument(
+        "--peak-tflops", default=None, help="hardware peak in TFLOP/s for MFU, or 'measure' (an fp32 CPU matmul timing)"
+    )
 
 
 def config_of(spec: str) -> ModelConfig:
@@ -43,6 +46,19 @@ def config_of(spec: str) -> ModelConfig:
     from ..models.saving import load_config
 
     return load_config(spec)
+
+
+def peak_flops(text: str) -> float:
+    """FLOP/s from --peak-tflops: a number of TFLOP/s, or 'measure'."""
+    if text == "measure":
+        return matmul_peak_flops()
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise ValueError(f"--peak-tflops={text!r}: must be a number of TFLOP/s or 'measure'") from err
+    if value <= 0:
+        raise ValueError(f"--peak-tflops={text!r}: must be > 0")
+    return value * 1e12
 
 
 def human(n: float, unit: str = "B") -> str:
@@ -122,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
     for line in lines_for(cfg, str(args.model), seq_len, args.batch_size, dtype):
         print(line)
     if args.tokens_per_second is not None and args.peak_tflops is not None:
-        util = mfu(args.tokens_per_second, flops_per_token(cfg, seq_len).training, args.peak_tflops * 1e12)
-        print(f"MFU           {util:.1%} at {args.tokens_per_second:,.0f} tokens/s of {args.peak_tflops:g} TFLOP/s")
+        peak = peak_flops(args.peak_tflops)
+        util = mfu(args.tokens_per_second, flops_per_token(cfg, seq_len).training, peak)
+        print(f"MFU           {util:.1%} at {args.tokens_per_second:,.0f} tokens/s of {peak / 1e12:.3g} TFLOP/s peak")
     return 0

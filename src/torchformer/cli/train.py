@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     except NonFiniteLoss as err:
         print(f"torchformer train: stopped: {err}", file=sys.stderr)
         return 1
+    if os.environ.get("RANK", "0") != "0":
+        return 0
     print(f"done: step {result.step}, val loss {result.val_loss:.4f} in {time.perf_counter() - started:.0f} s; "
           f"model in {result.out_dir}")  # fmt: skip
     if recipe.train.sample_chars and recipe.data.task == "lm":

@@ -5,16 +5,20 @@ Loading: config.json -> ModelConfig (unsupported settings raise), build the mode
 device (no memory), convert its names and shapes to the HF side with the family's key map and
 check the checkpoint's headers against them (missing, mis-shaped and unexpected tensors are
 named), then read each tensor once, convert it and assign it: a model costs one copy of its
-weights, and a bad checkpoint fails before anything is loaded.
+weights, and a bad checkpoint fails before anything is loaded. As in transformers, tensors that
+need no conversion stay memory-mapped from the file until written to; torchformer's writers
+replace folders by rename, never truncating a file a live model still maps.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -26,6 +30,7 @@ from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
 from . import hf_bart, hf_bert, hf_gpt2, hf_llama
+from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
 FAMILIES: dict[str, ModuleType] = {
@@ -38,6 +43,7 @@ FAMILIES: dict[str, ModuleType] = {
     "marian": hf_bart,
 }
 PAIRINGS = ("half", "interleaved")
+logger = logging.getLogger(__name__)
 
 
 def read_hf_config(path: str | os.PathLike) -> dict:
@@ -57,6 +63,10 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 
 def config_from_hf(path: str | os.PathLike, *, rope_pairing: str = "half") -> ModelConfig:
     """The ModelConfig of a local HF folder (reads config.json only)."""
+    return _configs(path, rope_pairing)[1]
+
+
+def _configs(path: str | os.PathLike, rope_pairing: str) -> tuple[dict, ModelConfig]:
     if rope_pairing not in PAIRINGS:
         raise ValueError(f"rope_pairing={rope_pairing!r}: must be one of {list(PAIRINGS)}")
     hf = read_hf_config(path)
@@ -65,7 +75,7 @@ def config_from_hf(path: str | os.PathLike, *, rope_pairing: str = "half") -> Mo
         if not isinstance(cfg.positions, RoPE):
             raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")
         cfg = cfg.replace(positions=RoPE(base=cfg.positions.base, pairing=rope_pairing))
-    return cfg
+    return hf, cfg
 
 
 def from_hf(
@@ -73,7 +83,7 @@ def from_hf(
     *,
     rope_pairing: str = "half",
     strict: bool = True,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: str | torch.device = "cpu",
 ) -> nn.Module:
     """A torchformer model with the weights of the HF folder ``path`` (config.json plus
@@ -81,10 +91,14 @@ def from_hf(
 
     rope_pairing "interleaved" permutes q/k rows so the model rotates Meta-style pairs (same
     logits). strict=False drops tensors no rule knows instead of raising. dtype None keeps the
-    stored dtypes; a torch.dtype converts each tensor as it is read.
+    stored dtypes; a torch.dtype converts each tensor as it is read; "config" converts to the
+    dtype config.json names (``dtype``, or ``torch_dtype`` before transformers 5).
     """
-    cfg = config_from_hf(path, rope_pairing=rope_pairing)
-    family = FAMILIES[read_hf_config(path)["model_type"]]
+    hf, cfg = _configs(path, rope_pairing)
+    family = FAMILIES[hf["model_type"]]
+    dtype = config_dtype(hf) if dtype == "config" else dtype
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype={dtype!r}: must be None, a torch.dtype or 'config'")
     reader = SafetensorsFolder(Path(path), device=str(device))
     with torch.device("meta"):
         model = build_model(cfg)
@@ -122,6 +136,11 @@ def check_tensors(folder: Path, found: dict, expected: dict, family: ModuleType,
     if problems:
         lines = "\n  - ".join(problems)
         raise ValueError(f"{folder} does not fit its config.json:\n  - {lines}")
+    if unexpected:
+        warnings.warn(f"{folder}: dropped tensors no rule knows (strict=False): {unexpected}", stacklevel=3)
+    dropped = sorted(set(found) - set(want) - set(unexpected))
+    if dropped:
+        logger.info("%s: skipped tensors torchformer does not use: %s", folder, dropped)
 
 
 def to_hf(

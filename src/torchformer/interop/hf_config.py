@@ -5,6 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import torch
+
 from ..config import ModelConfig
 
 # HF activation names (transformers' ACT2FN keys) -> our block.mlp words.
@@ -47,6 +49,17 @@ def rope_base(hf: dict[str, Any], problems: list[str]) -> float:
     if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
         problems.append("partial_rotary_factor: only full-width RoPE (1.0) is supported")
     return float(theta)
+
+
+def config_dtype(hf: dict[str, Any]) -> torch.dtype | None:
+    """The dtype config.json names: ``dtype`` (transformers 5) or ``torch_dtype`` (4.x)."""
+    name = hf.get("dtype") or hf.get("torch_dtype")
+    if name is None:
+        return None
+    dtype = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"config.json dtype={name!r} is not a torch dtype name (e.g. 'float32', 'bfloat16')")
+    return dtype
 
 
 def token_ids(hf: dict[str, Any], vocab_size: int) -> dict[str, int | None]:

@@ -129,12 +129,18 @@ def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False)
     )
 
 
+def embedding(n: int, dim: int) -> nn.Embedding:
+    """An uninitialised table (init_weights fills it). nn.Embedding's own normal_ would, on the meta
+    device (count_params, load), import torch._dynamo: ~5 s the first time in a process."""
+    return nn.Embedding(n, dim, _weight=torch.empty(n, dim))
+
+
 def embeddings(cfg: ModelConfig, tok: nn.Embedding, token_types: int = 0) -> Embeddings:
     return Embeddings(
         tok,
         scale=embed_scale(cfg.embed_scale, cfg.d_model),
         absolute=absolute_positions(cfg),
-        token_types=nn.Embedding(token_types, cfg.d_model) if token_types else None,
+        token_types=embedding(token_types, cfg.d_model) if token_types else None,
         norm=norm(cfg) if cfg.embed_norm else None,
         dropout=dropout(cfg.dropout),
     )
@@ -158,13 +164,13 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
-    tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    tok = embedding(cfg.vocab_size, cfg.d_model)
     if cfg.arch == "decoder":
         model = DecoderLM(cfg, embeddings(cfg, tok), stack(cfg, cfg.n_layers, causal=True), lm_head(cfg, tok))
     elif cfg.arch == "encoder":
         model = Encoder(cfg, embeddings(cfg, tok, cfg.n_token_types), stack(cfg, cfg.n_layers, causal=False))
     else:
-        tgt_tok = tok if cfg.share_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model)
+        tgt_tok = tok if cfg.share_embeddings else embedding(cfg.vocab_size, cfg.d_model)
         model = EncoderDecoder(
             cfg,
             embeddings(cfg, tok),
@@ -189,6 +195,8 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     depth_scale = 1 / math.sqrt(2 * max(cfg.n_layers, cfg.decoder_layers))
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear | nn.Embedding | LearnedPositions | RelativePositionBias):
+            if module.weight.is_meta:  # nothing to fill, and meta normal_ imports torch._dynamo
+                continue
             if cfg.init == "xavier":
                 nn.init.xavier_uniform_(module.weight)
             else:

@@ -13,6 +13,21 @@ import torch
 from torch import Tensor, nn
 
 
+def position_angles(n_pos: int, dim: int, base: float) -> Tensor:
+    """pos * base^(-2i/dim) for pos < n_pos, i < dim/2, in float64 on the CPU.  -> (N, dim/2)
+
+    Derived tables are computed on the CPU and then placed: building them directly on the meta
+    device (count_params, load) routes arange through torch._refs, which imports torch._dynamo
+    (~5 s the first time in a process)."""
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)  # (dim/2,)
+    return torch.arange(n_pos, dtype=torch.float64, device="cpu")[:, None] * inv_freq  # (N, dim/2)
+
+
+def placed(table: Tensor, device: torch.device | None) -> Tensor:
+    """table on ``device``, or on the default device (which a ``with torch.device(...)`` sets)."""
+    return table.to(torch.get_default_device() if device is None else device)
+
+
 def interleave_sin_cos(angles: Tensor) -> Tensor:
     """sin at even, cos at odd features (the paper).  (N, D/2) -> (N, D)"""
     return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (N, D)
@@ -29,8 +44,7 @@ def sinusoid_table(n_pos: int, dim: int, base: float, layout: Callable[[Tensor],
     layout places the sines and cosines (``interleave_sin_cos`` or ``split_sin_cos``; build.py
     maps the config word to one). Returns (n_pos, dim) in fp32.
     """
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (D/2,)
-    angles = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq  # (N, D/2)
+    angles = position_angles(n_pos, dim, base)  # (N, D/2)
     return layout(angles).float()
 
 
@@ -42,7 +56,7 @@ class SinusoidalPositions(nn.Module):
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
         """(Re)compute the table; not persistent, as it follows from the config."""
-        self.register_buffer("table", sinusoid_table(*self.args).to(device), persistent=False)
+        self.register_buffer("table", placed(sinusoid_table(*self.args), device), persistent=False)
 
     def forward(self, pos: Tensor) -> Tensor:  # (B, T) -> (B, T, D)
         return self.table[pos]
@@ -53,7 +67,8 @@ class LearnedPositions(nn.Module):
         super().__init__()
         self.offset = offset
         self.weight = nn.Parameter(torch.empty(max_len + offset, dim))
-        nn.init.normal_(self.weight, std=0.02)
+        if not self.weight.is_meta:  # meta normal_ imports torch._dynamo (~5 s); no values anyway
+            nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, pos: Tensor) -> Tensor:  # (B, T) -> (B, T, D)
         return self.weight[pos + self.offset]
@@ -69,10 +84,9 @@ class RotaryTable(nn.Module):
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
         max_len, head_dim, base = self.args
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * inv_freq  # (N, E/2)
-        self.register_buffer("cos", angles.cos().float().to(device), persistent=False)
-        self.register_buffer("sin", angles.sin().float().to(device), persistent=False)
+        angles = position_angles(max_len, head_dim, base)  # (N, E/2)
+        self.register_buffer("cos", placed(angles.cos().float(), device), persistent=False)
+        self.register_buffer("sin", placed(angles.sin().float(), device), persistent=False)
 
     def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, E/2)
@@ -103,7 +117,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
     closest = 2 ** math.floor(math.log2(n_heads))
     slopes = power_of_two(closest) + power_of_two(2 * closest)[0::2][: n_heads - closest]
-    return torch.tensor(slopes, dtype=torch.float32)
+    return torch.tensor(slopes, dtype=torch.float32, device="cpu")
 
 
 class ALiBiBias(nn.Module):
@@ -115,7 +129,8 @@ class ALiBiBias(nn.Module):
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
-        self.register_buffer("slopes", alibi_slopes(self.n_heads).view(1, -1, 1, 1).to(device), persistent=False)
+        slopes = alibi_slopes(self.n_heads).view(1, -1, 1, 1)  # (1, H, 1, 1)
+        self.register_buffer("slopes", placed(slopes, device), persistent=False)
 
     def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # (B, T), (B, S) -> (B, H, T, S)
         distance = (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()

@@ -137,7 +137,7 @@ def _check_types(cls: type, section: dict[str, Any], where: str) -> None:
     for f in dataclasses.fields(cls):
         if f.name not in section:
             continue
-        value, (kind, _, optional) = section[f.name], str(f.type).partition(" | None")
+        value, (kind, optional, _) = section[f.name], str(f.type).partition(" | None")
         if value is None and optional:
             continue
         ok = _TYPES.get(kind)

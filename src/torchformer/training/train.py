@@ -62,12 +62,14 @@ def train(
     t, task = recipe.train, recipe.data.task
     check_recipe(recipe)
     rt = dist.setup(t.device)
+    reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
         torch.set_num_threads(t.threads)
     try:
         torch.manual_seed(t.seed + rt.rank)
         out = Path(t.out_dir)
         data = load_data(recipe, out, rt)
+        batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
         tok = data.tokenizer
         cfg = recipe.model_config(tok.vocab_size, special_ids(tok, task))
         if cfg.arch != ARCH_OF_TASK[task]:

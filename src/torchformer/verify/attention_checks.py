@@ -47,31 +47,36 @@ def masked_keys(r: Runner) -> Row:
     if r.arch == "encoder_decoder":
         src_mask = torch.ones_like(r.src)
         src_mask[1, -min(PAD, r.T - 1) :] = 0
-    forbidden, row_err, fault = 0.0, 0.0, ""
+    found = [(0.0, 0.0, "")]
     for x, m, sm in ((ids, None, None), (padded, mask, src_mask)):
         with record_attention(r.model) as rec:
             r.out(x, m, src_mask=sm)
-        for c in rec.captures:
-            B, H, T, S = c.weights.shape
-            is_src = c.stack == "encoder" or c.kind == "cross"
-            q_mask = sm if c.stack == "encoder" else m
-            allowed = _allowed(r, c.kind, c.stack, T, S, q_mask, sm if is_src else m)
-            w = c.weights.float()
-            bad = float((w * ~allowed).abs().max())
-            rows = torch.ones(B, 1, T, dtype=torch.bool, device=r.device) if q_mask is None else q_mask.bool()[:, None]
-            err = float(((w.sum(-1) - 1).abs() * rows).max())
-            if bad > forbidden:
-                forbidden, fault = bad, _forbidden_fault(c.name, w, allowed, T, S)
-            if err > row_err:
-                row_err = err
-                if bad == 0:
-                    fault = (
-                        f"{c.name}: a real query's weights sum to {1 - err:.3g}, not 1: it sees no key, "
-                        "not even itself (causal mask diagonal off by one: query i cannot see key i)"
-                    )
+        found += [_capture_faults(r, c, m, sm) for c in rec.captures]
+    forbidden = max(f[0] for f in found)
+    row_err = max(f[1] for f in found)
+    fault = max(found, key=lambda f: (f[0], f[1]))[2]
     ok = forbidden == 0.0 and row_err <= SUM_TOL
     message = "masked keys get exactly zero weight; visible rows sum to 1" if ok else fault
     return Row("masked keys zero weight", forbidden, f"== 0; rows sum 1 +- {SUM_TOL:g}", PASS if ok else FAIL, message)
+
+
+def _capture_faults(r: Runner, c, m, sm) -> tuple[float, float, str]:
+    """(largest forbidden weight, largest row-sum error of real queries, the fault named) of one capture."""
+    B, H, T, S = c.weights.shape
+    is_src = c.stack == "encoder" or c.kind == "cross"
+    q_mask = sm if c.stack == "encoder" else m
+    allowed = _allowed(r, c.kind, c.stack, T, S, q_mask, sm if is_src else m)
+    w = c.weights.float()
+    forbidden = float((w * ~allowed).abs().max())
+    rows = torch.ones(B, 1, T, dtype=torch.bool, device=r.device) if q_mask is None else q_mask.bool()[:, None]
+    row_err = float(((w.sum(-1) - 1).abs() * rows).max())
+    if forbidden > 0:
+        return forbidden, row_err, _forbidden_fault(c.name, w, allowed, T, S)
+    fault = (
+        f"{c.name}: a real query's weights sum to {1 - row_err:.3g}, not 1: it sees no key, "
+        "not even itself (causal mask diagonal off by one: query i cannot see key i)"
+    )
+    return forbidden, row_err, fault if row_err > SUM_TOL else ""
 
 
 def _forbidden_fault(name: str, w: Tensor, allowed: Tensor, T: int, S: int) -> str:

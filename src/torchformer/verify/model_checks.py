@@ -59,29 +59,41 @@ def bidirectional(r: Runner) -> Row:
 
 
 def cached_equals_uncached(r: Runner) -> Row:
-    """Prefill half, then one token at a time through the static cache == one full forward."""
+    """Prefill half, then one token at a time through the static cache == one full forward;
+    also for a left-padded batch (prefill with the mask and counted positions, as generation does)."""
     if r.arch == "encoder":
         return not_applicable("cached == uncached", "encoders do not decode")
-    m, ids = r.model, r.ids(2, r.T)
-    full = r.out(ids)
-    if r.arch == "decoder":
-        cache = m.new_cache(2, r.T)
-        step = lambda x, pos: m(x, positions=pos, cache=cache)  # noqa: E731
-    else:
-        cache = m.new_cache(2, r.T, memory=m.encode(r.src))
-        step = lambda x, pos: m.decode(x, positions=pos, cache=cache)  # noqa: E731
-    cut = r.T // 2
-    parts = [step(ids[:, :cut], torch.arange(cut, device=r.device))]
-    parts += [step(ids[:, t : t + 1], torch.tensor([t], device=r.device)) for t in range(cut, r.T)]
-    diff = rel_diff(torch.cat(parts, dim=1), full)
+    ids = r.ids(2, r.T)
+    padded, mask = r.padded(ids)
+    plain = rel_diff(_decode_in_steps(r, ids, None), r.out(ids))
+    real = mask.bool()
+    left = rel_diff(_decode_in_steps(r, padded, mask)[real], r.out(padded, mask)[real])
+    diff = max(plain, left)
+    where = "left-padded batch" if left > plain else "unpadded batch"
     return judged(
         "cached == uncached",
         diff,
         diff <= TOL,
         f"<= {TOL:g} rel",
-        "cached decoding equals full recomputation",
-        "cached decoding differs from full recomputation: cache slots, positions or the cache mask are wrong",
+        "cached decoding equals full recomputation (plain and left-padded)",
+        f"cached decoding differs from full recomputation ({where}): cache slots, positions or the cache mask",
     )
+
+
+def _decode_in_steps(r: Runner, ids, mask):
+    """Outputs of a half-length prefill then single-token steps through a fresh cache."""
+    m = r.model
+    if r.arch == "decoder":
+        cache = m.new_cache(2, r.T)
+        step = lambda x, pos, am: m(x, positions=pos, attention_mask=am, cache=cache)  # noqa: E731
+    else:
+        cache = m.new_cache(2, r.T, memory=m.encode(r.src))
+        step = lambda x, pos, am: m.decode(x, positions=pos, attention_mask=am, cache=cache)  # noqa: E731
+    pos = torch.arange(r.T, device=r.device).expand(2, -1) if mask is None else (mask.cumsum(-1) - 1).clamp(min=0)
+    cut = r.T // 2
+    parts = [step(ids[:, :cut], pos[:, :cut], None if mask is None else mask[:, :cut])]
+    parts += [step(ids[:, t : t + 1], pos[:, t : t + 1], None) for t in range(cut, r.T)]
+    return torch.cat(parts, dim=1)
 
 
 def backend_parity(r: Runner) -> Row:
