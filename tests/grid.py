@@ -1,12 +1,14 @@
 """The variant grid every equivalence test runs over (DESIGN section 7).
 
 A full product of the axes is 3*2*2*7*5*3*2*2 = 5040 models; a pairwise (all-pairs) covering array
-takes every pair of values of every two axes at least once in ~40 rows. Bugs that need one
+takes every pair of values of every two axes at least once in 36 rows. Bugs that need one
 setting or the interaction of two settings (e.g. RoPE x cache, ALiBi x GQA, post-norm x cross
 attention) are then caught at a cost of tens of tiny models. The array is generated
 deterministically by a greedy AETG-style construction, so a failing row has a stable id.
 
-Other test folders import ``variants``, ``config`` and ``build`` from here.
+The ``bias`` axis also flips the head: bias rows are untied with a final logits bias, the others
+tied. Other test folders import ``variants``, ``params`` (pytest ids), ``config``, ``build``,
+``forward`` (one call for every arch) and ``output_logits`` from here.
 """
 
 from __future__ import annotations

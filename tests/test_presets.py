@@ -28,7 +28,7 @@ def expected_params(cfg: tfm.ModelConfig) -> int:
         return embed + cfg.n_layers * layer + final + head
     if cfg.arch == "encoder":
         return embed + cfg.n_layers * layer + final
-    tgt_embed = positions + (0 if cfg.share_embeddings else V * d)
+    tgt_embed = positions + (0 if cfg.share_embeddings else V * d) + (norm if cfg.embed_norm else 0)
     dec_layer = layer + attn + norm
     return embed + cfg.n_layers * layer + final + tgt_embed + cfg.decoder_layers * dec_layer + final + head
 
@@ -54,9 +54,17 @@ def test_published_parameter_counts(name):
     assert abs(exact - published) <= tol * published
 
 
-@pytest.mark.parametrize("name", tfm.presets.names())
+VARIANTS = {  # presets with the switches no preset sets, so the hand formula covers them too
+    "bart-like": ("vanilla-base", dict(embed_norm=True, final_logits_bias=True, share_embeddings=False)),
+    "untied-gqa-bias": ("llama-tiny", dict(attention={"bias": True, "out_bias": False}, block={"bias": True})),
+    "pre-ln-encoder-decoder": ("vanilla-base", dict(block={"norm_placement": "pre"}, tie_embeddings=False)),
+    "rmsnorm-bert": ("bert-base", dict(block={"norm": "rmsnorm"}, n_token_types=0)),
+}
+
+
+@pytest.mark.parametrize("name", tfm.presets.names() + list(VARIANTS))
 def test_count_params_matches_built_model_and_hand_formula(name):
-    cfg = tfm.presets.get(name)
+    cfg = tfm.presets.get(VARIANTS[name][0], **VARIANTS[name][1]) if name in VARIANTS else tfm.presets.get(name)
     with torch.device("meta"):
         model = tfm.build_model(cfg)
     every = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))

@@ -132,6 +132,19 @@ def test_verify_restores_mode_and_backends_and_rejects_bad_input():
         verify(model, seq_len=2)
 
 
+def test_a_check_that_raises_becomes_a_failing_row():
+    model = preset_model("llama-tiny")
+
+    def broken_cache(*args, **kwargs):
+        raise RuntimeError("cache exploded")
+
+    model.new_cache = broken_cache
+    report = verify(model, flop_budget=BUDGET / 10)
+    row = report.row("cached == uncached")
+    assert row.status == "fail" and "RuntimeError: cache exploded" in row.message
+    assert report.row("causality").status == "pass"  # the other checks still ran
+
+
 def test_untrained_is_inferred_from_the_weights():
     model = preset_model("llama-tiny")
     assert verify(model, flop_budget=BUDGET / 10).row("initial loss ~ ln(V)").status == "pass"

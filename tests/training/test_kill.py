@@ -49,4 +49,4 @@ def test_sigkill_during_checkpoint_write(tmp_path, corpus):
     assert resumed.step == 20
     assert [p.name for p in list_checkpoints(out)] == ["step_000015", "step_000020"]  # keep_last=2
     assert not list((out / "checkpoints").glob(".tmp_*"))
-    assert [row["step"] for row in resumed.metrics] == [10, 20]
+    assert [row["step"] for row in resumed.metrics] == [0, 10, 20]

@@ -41,8 +41,9 @@ class BarReporter:
         )
 
     def evaluate(self, row) -> None:
+        train = "   -  " if row["train_loss"] is None else f"{row['train_loss']:.4f}"
         self.bar.write(
-            f"step {row['step']:>6}: train {row['train_loss']:.4f}  val {row['val_loss']:.4f}  "
+            f"step {row['step']:>6}: train {train}  val {row['val_loss']:.4f}  "
             f"ppl {row['val_ppl']:.2f}  ({row['elapsed_s']:.0f} s)"
         )
 

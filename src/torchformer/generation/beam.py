@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .request import check_float, check_int, make_request
+from .request import Request, check_float, check_int, make_request
 from .steps import prefill, step_function
 
 
@@ -54,7 +54,6 @@ class Item:
         self.done = best_open == -math.inf or self.score(best_open, reachable) <= self.finished[self.n_best - 1][0]
 
 
-@torch.no_grad()
 def beam_search(
     model,
     input_ids: Tensor,
@@ -86,6 +85,13 @@ def beam_search(
     if n_best > beam_size:
         raise ValueError(f"n_best={n_best}: must be <= beam_size={beam_size}")
     check_float("length_penalty", length_penalty, lambda a: True, "must be a finite number")
+    sequences, scores = search(model, req, beam_size, n_best, float(length_penalty))
+    return Beams(sequences.clone(), scores.clone())  # clone: normal tensors, usable with autograd
+
+
+@torch.inference_mode()
+def search(model, req: Request, beam_size: int, n_best: int, length_penalty: float) -> Beams:
+    max_new_tokens = req.max_new_tokens
     logits, cache, pos, prefix = prefill(model, req)
     B, K, V = prefix.shape[0], beam_size, logits.shape[-1]
     rows = torch.arange(B, device=prefix.device).repeat_interleave(K)  # (B*K,) beam row -> batch item
@@ -94,7 +100,7 @@ def beam_search(
     totals = torch.full((B, K), -math.inf, device=logits.device)
     totals[:, 0] = 0.0  # all K beams start identical: let only one of them expand at first
     eos = set() if req.eos is None else set(req.eos.tolist())
-    items = [Item(n_best, max_new_tokens, float(length_penalty)) for _ in range(B)]
+    items = [Item(n_best, max_new_tokens, length_penalty) for _ in range(B)]
     beams: list[list[int]] = [[] for _ in range(B * K)]
     step = step_function(req.seq2seq, False)
     for length in range(1, max_new_tokens + 1):

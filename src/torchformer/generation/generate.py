@@ -46,10 +46,13 @@ class History:
         return process(logits, s, seen=self.seen, tokens=self.tokens[:, :n], valid=self.valid[:, :n])
 
 
-@torch.no_grad()
+# inference_mode (not no_grad) skips autograd bookkeeping on every op: ~10-15% of an eager step
+# on CPU. It is active only while the generator runs, not in the caller's code between tokens.
+@torch.inference_mode()
 def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Iterator[tuple[Tensor, Tensor]]:
     """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
-    was chosen from. Finished rows yield pad_token_id."""
+    was chosen from. Finished rows yield pad_token_id. Both are inference tensors (clone them to
+    use them in autograd)."""
     logits, cache, pos, prefix = prefill(model, req)
     step = step_function(req.seq2seq, compiled)
     history = History(prefix, None if req.seq2seq else req.attention_mask, req.max_new_tokens, logits.shape[-1])
@@ -111,7 +114,7 @@ def open_decode(
     req = make_request(model, input_ids, **request)
     s = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size)
     generator = make_generator(seed, input_ids.device)
-    return req, (tok for tok, _ in decode(model, req, s, generator, bool(compile)))
+    return req, (tok.clone() for tok, _ in decode(model, req, s, generator, bool(compile)))  # clone: a normal tensor
 
 
 def generate(

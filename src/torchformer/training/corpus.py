@@ -18,6 +18,7 @@ VAL_EVERY, VAL_OFFSET = 10, 5
 _SPEAKER = re.compile(r"^\*\*(.+?)\*\*\s*$")
 _INLINE_DIRECTION = re.compile(r"_*\\?\[[^\]]*\]_*")  # `__\[Aside]_`, `[Within]_`
 _ESCAPE = re.compile(r"\\(.)")
+_SPACES = re.compile(r" {2,}")
 
 
 def play_files() -> list[tuple[str, str]]:
@@ -54,7 +55,7 @@ def dialogue(markdown: str) -> str:
                 out.append("")
             out.append(speaker.group(1).strip())
             continue
-        text = _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).strip()
+        text = _SPACES.sub(" ", _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).replace("**", "")).strip()
         if text:
             out.append(text)
     return "\n".join(out) + "\n"

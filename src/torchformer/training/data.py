@@ -21,7 +21,7 @@ import numpy as np
 from .corpus import VAL_EVERY, VAL_OFFSET
 from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # bump when corpus cleaning or the cache layout changes
 BUILTIN_TEXT, BUILTIN_PAIRS = ("shakespeare",), ("reverse",)
 
 

@@ -67,9 +67,9 @@ def plot_losses(metrics_file: Path, out: Path) -> Path | None:
         warnings.warn("no loss plot: matplotlib is missing (pip install 'torchformer[viz]')", stacklevel=2)
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    steps = [r["step"] for r in rows]
-    ax.plot(steps, [r["train_loss"] for r in rows], label="train")
-    ax.plot(steps, [r["val_loss"] for r in rows], label="validation")
+    trained = [r for r in rows if r["train_loss"] is not None]  # step 0 has no training loss yet
+    ax.plot([r["step"] for r in trained], [r["train_loss"] for r in trained], label="train")
+    ax.plot([r["step"] for r in rows], [r["val_loss"] for r in rows], label="validation")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.grid(alpha=0.3)

@@ -111,6 +111,13 @@ def train(
 
         wall0, window_loss, window_tokens, val_loss = time.perf_counter(), 0.0, 0, float("nan")
         step = start
+        if start == 0:  # the untrained baseline (about ln(vocab_size)), so every run shows its progress
+            val_loss = evaluate(objective, evals, rt.device, amp)
+            row = {"step": 0, "train_loss": None, "val_loss": val_loss, "val_ppl": perplexity(val_loss),
+                   "lr": 0.0, "elapsed_s": 0.0, "tokens": 0}  # fmt: skip
+            if rt.is_main:
+                append_metrics(metrics_file, row)
+                reporter.evaluate(row)
         while step < t.steps:
             step += 1
             t0 = time.perf_counter()

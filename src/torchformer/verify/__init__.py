@@ -20,13 +20,14 @@ fault); ``Report.ok`` is False when any check failed. Checks:
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from .attention_checks import fp16_headroom, masked_keys, score_scale
 from .model_checks import backend_parity, cached_equals_uncached, causality, padding_invariance, relative_positions
 from .numerics import CPU_FLOP_BUDGET, initial_loss, low_precision, saturation
 from .probes import Runner
-from .report import Report, Row
+from .report import FAIL, Report, Row
 from .shrink import shrink_config
 
 __all__ = ["Report", "Row", "shrink_config", "verify"]
@@ -55,27 +56,30 @@ def verify(
     was_training = model.training
     model.eval()
     try:
-        with _no_grad():
-            r = Runner(model, seq_len, seed)
-            rows = [
-                causality(r),
-                cached_equals_uncached(r),
-                backend_parity(r),
-                padding_invariance(r),
-                relative_positions(r),
-                masked_keys(r),
-                score_scale(r),
-                saturation(r),
-                fp16_headroom(r),
-                low_precision(r, flop_budget),
-                initial_loss(r, untrained),
-            ]
+        with torch.no_grad():
+            checks = {
+                "causality": causality,
+                "cached == uncached": cached_equals_uncached,
+                "math == sdpa": backend_parity,
+                "padding invariance": padding_invariance,
+                "relative positions": relative_positions,
+                "masked keys zero weight": masked_keys,
+                "score scale": score_scale,
+                "softmax saturation": saturation,
+                "fp16/bf16 attention": fp16_headroom,
+                "fp16/bf16 forward": lambda r: low_precision(r, flop_budget),
+                "initial loss ~ ln(V)": lambda r: initial_loss(r, untrained),
+            }
+            rows = [_run(name, check, Runner(model, seq_len, seed)) for name, check in checks.items()]
     finally:
         model.train(was_training)
     return Report(rows=rows)
 
 
-def _no_grad():
-    import torch
-
-    return torch.no_grad()
+def _run(name: str, check, runner: Runner) -> Row:
+    """One check; an exception inside it becomes a failing row, so one broken part of a model
+    does not hide the other checks' results."""
+    try:
+        return check(runner)
+    except Exception as err:  # reported in the table, not swallowed
+        return Row(name, None, "-", FAIL, f"the check raised {type(err).__name__}: {err}")

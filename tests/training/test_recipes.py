@@ -1,0 +1,56 @@
+"""Issue 4, test 6: a short run of each shipped recipe (shrunk) lowers validation loss, and the
+run folder holds what the default run promises: checkpoint, tokenizer, metrics, loss plot."""
+
+import json
+import math
+
+import pytest
+
+import torchformer as tfm
+from torchformer.cli.main import main
+from torchformer.training import recipe
+from torchformer.training.train import train
+
+SHRINK = ["model.d_model=32", "model.n_layers=1", "model.attention.n_heads=2", "train.eval_batches=4",
+          "train.log_every=5", "train.device=cpu", "train.max_time_s=null"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,extra",
+    [
+        ("shakespeare-char", ["train.steps=40", "train.eval_every=40", "train.batch_size=16"]),
+        ("mlm-tiny", ["train.steps=40", "train.eval_every=40", "data.seq_len=32", "model.block.d_ff=64",
+                      "schedule.warmup=5", "optim.lr=3e-3"]),
+        ("reverse", ["train.steps=60", "train.eval_every=60", "model.n_decoder_layers=1", "model.block.d_ff=64",
+                     "data.synthetic.n_train=2000", "data.synthetic.n_val=64", "train.batch_size=32",
+                     "schedule.warmup=60", "schedule.factor=0.5"]),
+    ],
+)  # fmt: skip
+def test_each_recipe_lowers_validation_loss(tmp_path, corpus, name, extra):
+    data = [f"data.source={corpus}"] if name == "mlm-tiny" else []  # mlm: a small corpus keeps it quick
+    r = recipe.load(name, [*SHRINK, *extra, *data, f"train.out_dir={tmp_path / 'run'}"])
+    result = train(r)
+    rows = result.metrics
+    assert rows[0]["step"] == 0 and rows[-1]["step"] == r.train.steps
+    first, last = rows[0]["val_loss"], rows[-1]["val_loss"]
+    assert abs(first - math.log(result.model.config.vocab_size)) < 1.0  # untrained: about ln V
+    assert last < first - 0.3, (first, last)
+
+
+def test_default_run_folder_contents(tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--out", str(out), *SHRINK, "train.steps=20", "train.eval_every=10", "train.sample_chars=40"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "val" in printed and "ppl" in printed and "done: step 20" in printed
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "metrics.jsonl", "loss.png"):
+        assert (out / name).is_file(), name
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 10, 20]
+    assert {"step", "train_loss", "val_loss", "elapsed_s"} <= rows[-1].keys()
+    assert 0 < rows[1]["elapsed_s"] < rows[2]["elapsed_s"]
+    model, tok = tfm.load(out), tfm.load_tokenizer(out)  # the folder opens with the public loaders
+    ids = tok.encode("ROMEO\nO").ids
+    assert tok.decode(ids) == "ROMEO\nO" and max(ids) < model.config.vocab_size
+    sample = printed.split("-" * 72)[1]
+    assert len(sample.strip("\n")) >= 30
