@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from functools import cache
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Literal
+
+from .config_rules import _check, _check_choice, _raise, _type_problems, _Validated
+from .position_configs import _KIND_OF, POSITION_KINDS, ALiBi, Learned, Positions, RelativeBias, RoPE, Sinusoidal
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -22,150 +24,19 @@ Init = Literal["normal", "xavier"]
 GATED: frozenset[str] = frozenset({"swiglu", "geglu"})
 
 
-def _check(problems: list[str], ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        problems.append(f"{name}={value!r}: {allowed}")
-
-
-def _check_choice(problems: list[str], name: str, value: Any, literal: Any) -> None:
-    choices = get_args(literal)
-    _check(problems, value in choices, name, value, f"must be one of {list(choices)}")
-
-
-def _raise(cls_name: str, problems: list[str]) -> None:
-    if problems:
-        lines = "\n  - ".join(problems)
-        raise ValueError(f"invalid {cls_name}:\n  - {lines}")
-
-
-_SCALARS = {bool: "true or false", int: "an integer", float: "a number"}
-
-
-def _is(value: Any, kind: type) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if kind is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-@cache
-def _scalar_fields(cls: type) -> tuple[tuple[str, tuple[type, ...], bool], ...]:
-    """(name, scalar kinds, None allowed) for every bool/int/float field of a config class."""
-    out = []
-    for f in dataclasses.fields(cls):
-        hint = get_type_hints(cls)[f.name]
-        options = get_args(hint) or (hint,)
-        kinds = tuple(k for k in options if isinstance(k, type) and k in _SCALARS)
-        if kinds:
-            out.append((f.name, kinds, type(None) in options))
-    return tuple(out)
-
-
-def _type_problems(obj: Any, prefix: str) -> list[str]:
-    """Scalar fields of the wrong type (e.g. "4" or 4.0 for an int), reported before the range
-    rules, which could not even compare such values."""
-    problems = []
-    for name, kinds, optional in _scalar_fields(type(obj)):
-        value = getattr(obj, name)
-        if not (value is None and optional) and not any(_is(value, k) for k in kinds):
-            allowed = " or ".join(_SCALARS[k] for k in kinds) + (" or None" if optional else "")
-            problems.append(f"{prefix}{name}={value!r}: must be {allowed}")
-    return problems
-
-
-class _Validated:
-    """Nested configs check their own fields on construction; ModelConfig adds cross-field rules."""
-
-    _prefix = "positions."  # how messages name this class's fields inside a ModelConfig
-
-    def __post_init__(self) -> None:
-        problems = _type_problems(self, self._prefix)
-        if not problems:
-            self._problems(problems)  # type: ignore[attr-defined]
-        _raise(type(self).__name__, problems)
-
-
-# ---------------------------------------------------------------------------------------------
-# Position schemes: one small class each, so no field is meaningless for the scheme in use.
-
-
-@dataclass(frozen=True, kw_only=True)
-class Sinusoidal(_Validated):
-    """Fixed sin/cos added to the embeddings (Vaswani et al. 2017, section 3.5).
-
-    layout "interleaved": sin at even, cos at odd features (the paper);
-    layout "split": sin in the first half, cos in the second (Marian, tensor2tensor).
-    """
-
-    layout: Literal["interleaved", "split"] = "interleaved"
-    base: float = 10000.0
-
-    def _problems(self, p: list[str]) -> None:
-        _check_choice(p, "positions.layout", self.layout, Literal["interleaved", "split"])
-        _check(p, self.base > 1, "positions.base", self.base, "must be > 1")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Learned(_Validated):
-    """A learned table added to the embeddings; ``offset`` rows are skipped (BART uses 2)."""
-
-    offset: int = 0
-
-    def _problems(self, p: list[str]) -> None:
-        _check(p, self.offset >= 0, "positions.offset", self.offset, "must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RoPE(_Validated):
-    """Rotary embeddings (Su et al. 2021) applied to q and k.
-
-    pairing "half": feature i pairs with i + E/2 (HF Llama); "interleaved": 2i with 2i+1 (Meta).
-    """
-
-    base: float = 10000.0
-    pairing: Literal["half", "interleaved"] = "half"
-
-    def _problems(self, p: list[str]) -> None:
-        _check_choice(p, "positions.pairing", self.pairing, Literal["half", "interleaved"])
-        _check(p, self.base > 1, "positions.base", self.base, "must be > 1")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ALiBi(_Validated):
-    """Linear biases on attention scores, one slope per head (Press et al. 2022)."""
-
-    def _problems(self, p: list[str]) -> None:
-        return None
-
-
-@dataclass(frozen=True, kw_only=True)
-class RelativeBias(_Validated):
-    """T5-style learned per-head scalar bias over bucketed relative distance."""
-
-    num_buckets: int = 32
-    max_distance: int = 128
-
-    def _problems(self, p: list[str]) -> None:
-        _check(p, self.num_buckets >= 4, "positions.num_buckets", self.num_buckets, "must be >= 4")
-        _check(
-            p,
-            self.max_distance > self.num_buckets // 2,
-            "positions.max_distance",
-            self.max_distance,
-            f"must be > num_buckets // 2 = {self.num_buckets // 2}",
-        )
-
-
-Positions = Sinusoidal | Learned | RoPE | ALiBi | RelativeBias
-POSITION_KINDS: dict[str, type] = {
-    "sinusoidal": Sinusoidal,
-    "learned": Learned,
-    "rope": RoPE,
-    "alibi": ALiBi,
-    "relative_bias": RelativeBias,
-}
-_KIND_OF = {cls: kind for kind, cls in POSITION_KINDS.items()}
+__all__ = [
+    "ALiBi",
+    "AttentionConfig",
+    "BlockConfig",
+    "Learned",
+    "ModelConfig",
+    "POSITION_KINDS",
+    "Positions",
+    "RelativeBias",
+    "RoPE",
+    "Sinusoidal",
+    "default_d_ff",
+]
 
 
 # ---------------------------------------------------------------------------------------------

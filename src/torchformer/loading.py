@@ -24,7 +24,9 @@ def model_kind(spec: str | os.PathLike) -> str:
     if path.is_dir():
         config = path / CONFIG_FILE
         if not config.is_file():
-            raise ValueError(f"{path} has no {CONFIG_FILE}: not a torchformer checkpoint nor a Hugging Face model folder")
+            raise ValueError(
+                f"{path} has no {CONFIG_FILE}: not a torchformer checkpoint nor a Hugging Face model folder"
+            )
         return "hf" if "model_type" in json.loads(config.read_text()) else "torchformer"
     if str(spec) in presets.names():
         return "preset"
