@@ -167,3 +167,28 @@ def test_encoder_decoder_output_starts_with_the_config_start_token():
     model.config = model.config.replace(decoder_start_token_id=5)
     out = tfm.generate(model, torch.randint(0, 90, (2, 6)), max_new_tokens=3)
     assert out.shape == (2, 4) and out[:, 0].tolist() == [5, 5]
+
+
+def test_outputs_are_ordinary_tensors_usable_with_autograd():
+    model = tiny()
+    ids = torch.randint(0, model.config.vocab_size, (2, 4))
+    out = tfm.generate(model, ids, max_new_tokens=3)
+    beams = tfm.beam_search(model, ids, beam_size=2, max_new_tokens=3)
+    assert not out.is_inference() and not beams.sequences.is_inference()
+    model(out).sum().backward()  # an inference tensor here would fail: "cannot be saved for backward"
+
+
+def test_training_mode_warns():
+    model = tiny().train()
+    with pytest.warns(UserWarning, match="model.eval"):
+        tfm.generate(model, torch.tensor([[1, 2]]), max_new_tokens=1)
+
+
+def test_history_processors_ignore_left_padding():
+    model = tiny()
+    prompts = [torch.randint(1, model.config.vocab_size, (n,)) for n in LENGTHS]
+    ids, mask = left_padded(prompts, pad=int(prompts[0][0]))  # the pad id is also a real token
+    kw = {"max_new_tokens": 8, "repetition_penalty": 1.5, "no_repeat_ngram_size": 2}
+    batched = tfm.generate(model, ids, attention_mask=mask, **kw)[:, ids.shape[1] :]
+    for i, prompt in enumerate(prompts):
+        assert torch.equal(batched[i], tfm.generate(model, prompt[None], **kw)[0, len(prompt) :])

@@ -21,7 +21,9 @@ def test_markup_is_stripped_to_dialogue():
         "**ROMEO**  \nBut soft! __\\[Aside]_ what light  \nthrough yonder \\--window breaks?  \n\n\n"
         "**JULIET**  \nAy me!  \n\n_Exit_\n"
     )
-    assert shakespeare.dialogue(md) == "ROMEO\nBut soft! what light\nthrough yonder --window breaks?\n\nJULIET\nAy me!\n"
+    assert (
+        shakespeare.dialogue(md) == "ROMEO\nBut soft! what light\nthrough yonder --window breaks?\n\nJULIET\nAy me!\n"
+    )
 
 
 def test_split_is_by_play_and_disjoint():

@@ -1,6 +1,5 @@
 import random
 
-
 from torchformer.training import recipe as recipes
 
 
@@ -8,15 +7,13 @@ def words_text(n_lines: int, seed: int = 0) -> str:
     """Deterministic pseudo-dialogue: enough structure that a tiny model can learn something."""
     rng = random.Random(seed)
     names = ["ROMEO", "JULIET", "NURSE", "FRIAR"]
-    vocab = "the and of to my thou thee love night day sweet good lord come go what is not".split()
+    vocab = ["the", "and", "of", "to", "my", "thou", "thee", "love", "night", "day", "sweet", "good", "lord"]
     lines = []
     for _ in range(n_lines):
         lines.append(rng.choice(names))
         lines.append(" ".join(rng.choice(vocab) for _ in range(rng.randint(3, 9))) + rng.choice(".,;!?"))
         lines.append("")
     return "\n".join(lines)
-
-
 
 
 TINY_MODEL = {

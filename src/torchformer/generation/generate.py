@@ -31,8 +31,9 @@ class History:
         self.valid = torch.zeros(B, T + max_new, dtype=torch.bool, device=prefix.device)
         self.tokens[:, :T] = prefix
         self.valid[:, :T] = True if mask is None else mask.bool()
-        self.seen = torch.zeros(B, vocab_size, dtype=torch.bool, device=prefix.device)
-        self.seen.scatter_(1, prefix, self.valid[:, :T])  # padding ids are not "seen"
+        # Padding ids are not "seen"; scatter_add, as a padding id may also occur as a real token.
+        counts = torch.zeros(B, vocab_size, dtype=torch.long, device=prefix.device)
+        self.seen = counts.scatter_add_(1, prefix, self.valid[:, :T].long()) > 0
         self.length = T
 
     def add(self, tok: Tensor) -> None:

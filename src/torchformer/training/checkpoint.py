@@ -34,9 +34,9 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Split ``optimizer.state_dict()`` into flat tensors (safetensors) and JSON-able rest."""
-    sd = optimizer.state_dict()
+def optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimizer state dict into flat tensors (safetensors) and the JSON-able rest.
+    Parameters are keyed by index (plain optimizer) or by name (FSDP's full state dict)."""
     tensors, scalars = {}, {}
     for idx, entry in sd["state"].items():
         for name, value in entry.items():
@@ -48,15 +48,18 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    state: dict[int, dict] = {}
-    for key, value in tensors.items():
-        _, idx, name = key.split(".", 2)
-        state.setdefault(int(idx), {})[name] = value
-    for key, value in meta["scalars"].items():
-        idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict(optimizer_state(tensors, meta))
+
+
+def optimizer_state(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
+    """The inverse of ``optimizer_tensors``."""
+    state: dict = {}
+    items = [(k.removeprefix("state."), v) for k, v in tensors.items()] + list(meta["scalars"].items())
+    for key, value in items:
+        param, name = key.rsplit(".", 1)  # the state's own names (step, exp_avg, ...) hold no dots
+        state.setdefault(int(param) if param.isdigit() else param, {})[name] = value
     groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:

@@ -103,3 +103,26 @@ def _resync(wrapped: nn.Module):
         yield
     finally:
         wrapped.set_requires_gradient_sync(True)
+
+
+def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str, world: int):
+    """(weights with tied tensors once, optimizer state dict), whole, for a checkpoint. With FSDP
+    this gathers the shards: a collective, so every rank must call it."""
+    names = [n for n, _ in model.named_parameters()]  # tied tensors appear once, under their first name
+    if world == 1 or strategy == "ddp":
+        return {n: p.detach().contiguous() for n, p in model.named_parameters()}, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    full, optim = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {n: full[n].contiguous() for n in names if n in full}, optim
+
+
+def scatter_state(model: nn.Module, optimizer, weights: dict, optim_state: dict, strategy: str, world: int) -> bool:
+    """Load whole saved state into a sharded (FSDP) model; False when not sharded (caller loads)."""
+    if world == 1 or strategy == "ddp":
+        return False
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state,
+                   options=StateDictOptions(full_state_dict=True, strict=False))  # fmt: skip
+    return True

@@ -23,7 +23,6 @@ from torch.utils.checkpoint import checkpoint
 
 from ..analysis.accounting import flops_per_token, matmul_peak_flops
 from ..models.build import build_model
-from ..models.saving import unique_state
 from . import checkpoint as ckpt
 from . import distributed as dist
 from .batches import LMBatches, MLMBatches, PairBatches, n_targets, rows
@@ -78,24 +77,22 @@ def train(
         objective = OBJECTIVES[task](model, t.label_smoothing)
         if t.activation_checkpointing:
             checkpoint_blocks(model)
+        wrapped = dist.wrap(objective, rt, recipe.dist.strategy)  # before the optimizer: FSDP swaps in sharded params
         optimizer = adamw(model, lr=recipe.optim.lr, betas=recipe.optim.betas, eps=recipe.optim.eps,
                           weight_decay=recipe.optim.weight_decay, device_type=rt.device.type)  # fmt: skip
         s = recipe.schedule
         schedule = Schedule(
             s.name, recipe.optim.lr, s.warmup, t.steps, s.min_ratio, s.decay_fraction, cfg.d_model, s.factor
         )
-        batches = make_batches(recipe, data)
-
         start, elapsed = 0, 0.0
         found = resume_point(resume, out)
         if found is not None:
-            start, elapsed = restore(found, model, optimizer, rt)
+            start, elapsed = restore(found, model, optimizer, rt, recipe.dist.strategy)
             reporter.message(f"resumed from {found} at step {start}")
         metrics_file = out / "metrics.jsonl"
         if rt.is_main:
             out.mkdir(parents=True, exist_ok=True)
             truncate_metrics(metrics_file, start) if metrics_file.exists() else None
-        wrapped = dist.wrap(objective, rt, recipe.dist.strategy)
         step_fn = torch.compile(wrapped) if t.compile else wrapped
         amp = autocast(t.precision, rt.device)
 
@@ -160,7 +157,9 @@ def train(
             plot_losses(metrics_file, out / "loss.png")
         reporter.close()
         metrics = read_metrics(metrics_file)
-        return Result(step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data, metrics=metrics)
+        return Result(
+            step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data, metrics=metrics
+        )
     finally:
         dist.teardown()
 
@@ -181,7 +180,8 @@ def check_recipe(recipe: Recipe) -> None:
         world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
         if t.batch_size % (world * t.grad_accum):
             problems.append(
-                f"train.batch_size={t.batch_size}: must be divisible by world size {world} x train.grad_accum={t.grad_accum}"
+                f"train.batch_size={t.batch_size}: must be divisible by world size {world} "
+                f"x train.grad_accum={t.grad_accum}"
             )
     if t.precision not in PRECISIONS:
         problems.append(f"train.precision={t.precision!r}: must be one of {list(PRECISIONS)}")
@@ -246,11 +246,13 @@ def resume_point(resume: str | None, out: Path) -> Path | None:
     return path
 
 
-def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime) -> tuple[int, float]:
+def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy: str) -> tuple[int, float]:
     saved = ckpt.load_checkpoint(path)
-    ckpt.load_model_state(model, {k: v.to(rt.device) for k, v in saved["model"].items()})
-    ckpt.restore_optimizer(optimizer, saved["optim"], saved["state"]["optimizer"])
     state = saved["state"]
+    optim_state = ckpt.optimizer_state(saved["optim"], state["optimizer"])
+    if not dist.scatter_state(model, optimizer, saved["model"], optim_state, strategy, rt.world):
+        ckpt.load_model_state(model, {k: v.to(rt.device) for k, v in saved["model"].items()})
+        optimizer.load_state_dict(optim_state)
     if rt.world == 1:
         ckpt.restore_rng(saved["rng"], rt.device)
     else:  # only rank 0's RNG is saved: give every rank a fresh, distinct dropout stream
@@ -300,12 +302,13 @@ def evaluate(objective: nn.Module, evals, device: torch.device, amp) -> float:
 
 
 def save_state(*, step: int, elapsed: float, recipe: Recipe, out: Path, model, optimizer, tok, rt) -> None:
+    weights, optim_state = dist.gather_state(model, optimizer, recipe.dist.strategy, rt.world)  # all ranks
     if not rt.is_main:
         dist.barrier()
         return
     state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
              "tokenizer_kind": tok.kind}  # fmt: skip
-    ckpt.save_checkpoint(out, step, model_state=unique_state(model), config=model.config.to_dict(),
-                         tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optimizer),
+    ckpt.save_checkpoint(out, step, model_state=weights, config=model.config.to_dict(),
+                         tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optim_state),
                          rng=ckpt.rng_state(rt.device), state=state, keep_last=recipe.train.keep_last)  # fmt: skip
     dist.barrier()
