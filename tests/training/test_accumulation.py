@@ -60,3 +60,16 @@ def test_mean_of_micro_batch_means_would_differ_with_padding():
         (objective(mb) / n_targets(mb) / 4).backward()
     worst = max(float((p.grad - exact[n]).abs().max()) for n, p in objective.named_parameters())
     assert worst > 1e-4
+
+
+@pytest.mark.parametrize("case", [_decoder_case, _seq2seq_case])
+def test_activation_checkpointing_gives_the_same_gradients(case):
+    from torchformer.training.train import checkpoint_blocks
+
+    objective, batch = case()
+    loss1, g1 = _grads(objective, batch, 2)
+    checkpoint_blocks(objective.model)  # blocks now recompute their insides during backward
+    loss2, g2 = _grads(objective, batch, 2)
+    assert loss2 == pytest.approx(loss1, abs=1e-6)
+    for name in g1:
+        torch.testing.assert_close(g2[name], g1[name], atol=1e-6, rtol=0, msg=name)

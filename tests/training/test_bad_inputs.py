@@ -67,7 +67,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, corpus, 
     def poisoned(logits, labels, smoothing=0.0):
         calls.append(1)
         loss = real(logits, labels, smoothing)
-        return loss * math.nan if len(calls) > 7 else loss  # fine for 7 steps, NaN from step 8
+        return loss * math.nan if len(calls) > 2 + 7 else loss  # step-0 eval (2 batches), 7 fine steps, then NaN
 
     monkeypatch.setattr(losses, "token_loss", poisoned)
     with pytest.raises(NonFiniteLoss, match=r"non-finite loss.*step 8.*Last good checkpoint: .*step_000005"):

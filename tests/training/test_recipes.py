@@ -54,3 +54,15 @@ def test_default_run_folder_contents(tmp_path, capsys):
     assert tok.decode(ids) == "ROMEO\nO" and max(ids) < model.config.vocab_size
     sample = printed.split("-" * 72)[1]
     assert len(sample.strip("\n")) >= 30
+
+
+def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path, capsys):
+    tiny = ["model.d_model=32", "model.n_layers=1", "model.n_decoder_layers=1", "model.attention.n_heads=2",
+            "model.block.d_ff=64", "data.synthetic.n_train=256", "data.synthetic.n_val=16", "train.steps=4",
+            "train.eval_every=4", "train.eval_batches=1", "train.batch_size=32", f"train.out_dir={tmp_path}"]  # fmt: skip
+    assert main(["demo", "reverse", *tiny]) == 0
+    out = capsys.readouterr().out
+    assert "held-out exact match:" in out and "of 16 reversals" in out
+    grid = out.split("(rows: output, columns: input):\n")[1].splitlines()
+    assert grid[0].strip().endswith("<") and len(grid) >= 2  # key labels, then one row per output token
+    assert main(["demo", "nonsense"]) == 2

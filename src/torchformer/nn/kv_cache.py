@@ -22,9 +22,11 @@ class LayerCache:
 
     def write(self, k: Tensor, v: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, K, T, E) at slots (B, T); return the whole cache to attend over."""
-        index = slots[:, None, :, None].expand_as(k)  # (B, K, T, E)
-        self.k.scatter_(2, index, k)
-        self.v.scatter_(2, index, v)
+        # index_put_ rather than scatter_: inductor updates it in place in a compiled decode step,
+        # where a scatter_ into the cache becomes a copy of the whole cache every token.
+        rows = torch.arange(k.shape[0], device=k.device)[:, None]  # (B, 1)
+        self.k[rows, :, slots] = k.transpose(1, 2)  # indexed view: (B, T, K, E)
+        self.v[rows, :, slots] = v.transpose(1, 2)
         return self.k, self.v
 
 

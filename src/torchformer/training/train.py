@@ -65,7 +65,6 @@ def train(
     if t.threads is not None:
         torch.set_num_threads(t.threads)
     try:
-        torch.manual_seed(t.seed + rt.rank)
         out = Path(t.out_dir)
         data = load_data(recipe, out, rt)
         batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
@@ -73,7 +72,9 @@ def train(
         cfg = recipe.model_config(tok.vocab_size, special_ids(tok, task))
         if cfg.arch != ARCH_OF_TASK[task]:
             raise ValueError(f"data.task={task!r} trains arch {ARCH_OF_TASK[task]!r}, but the model is {cfg.arch!r}")
+        torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP shards them as they are)
         model = build_model(cfg).to(rt.device)
+        torch.manual_seed(t.seed + rt.rank)  # distinct dropout streams per rank
         objective = OBJECTIVES[task](model, t.label_smoothing)
         if t.activation_checkpointing:
             checkpoint_blocks(model)
