@@ -46,7 +46,7 @@ def hf_gpt2():
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = GPT2Config(vocab_size=V, n_positions=T, n_embd=D, n_layer=L, n_head=H, resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, attn_implementation="sdpa")  # fmt: skip
+                     attn_pdrop=0.0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")  # fmt: skip
     return GPT2LMHeadModel(cfg), lambda m, x: m(input_ids=x).logits
 
 

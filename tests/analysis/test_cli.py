@@ -125,9 +125,10 @@ def test_ascii_ramp_is_denser_for_larger_weights():
     from torchformer.analysis import ascii_attention
     from torchformer.analysis.plots import RAMP
 
-    text = ascii_attention(torch.tensor([[1.0, 0.0], [0.6, 0.3]]), ["a", "b"])
+    text = ascii_attention(torch.tensor([[1.0, 0.0, 0.0], [0.6, 0.25, 0.08]]), ["a", "b"])
     assert RAMP == " .:-=+*#%@"
-    assert text.splitlines() == ["   a @ ", "   b +-"]  # 9 * 0.6 = 5.4 -> "+", 9 * 0.3 = 2.7 -> "-"
+    # relative to the row's largest weight: 0.25 / 0.6 * 9 = 3.75 -> 4 "=", 0.08 / 0.6 * 9 = 1.2 -> 1 "."
+    assert text.splitlines() == ["   a @  ", "   b @=."]
 
 
 def test_attention_on_an_encoder_preset(capsys):

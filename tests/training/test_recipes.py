@@ -59,7 +59,8 @@ def test_default_run_folder_contents(tmp_path, capsys):
 def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path, capsys):
     tiny = ["model.d_model=32", "model.n_layers=1", "model.n_decoder_layers=1", "model.attention.n_heads=2",
             "model.block.d_ff=64", "data.synthetic.n_train=256", "data.synthetic.n_val=16", "train.steps=4",
-            "train.eval_every=4", "train.eval_batches=1", "train.batch_size=32", f"train.out_dir={tmp_path}"]  # fmt: skip
+            "train.eval_every=4", "train.eval_batches=1", "train.batch_size=32",
+            f"train.out_dir={tmp_path}"]  # fmt: skip
     assert main(["demo", "reverse", *tiny]) == 0
     out = capsys.readouterr().out
     assert "held-out exact match:" in out and "of 16 reversals" in out

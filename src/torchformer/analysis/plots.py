@@ -7,6 +7,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 RAMP = " .:-=+*#%@"  # light to dense
@@ -16,11 +17,12 @@ def ascii_attention(
     matrix: Tensor, labels: Sequence[str] | None = None, key_labels: Sequence[str] | None = None, width: int = 4
 ) -> str:
     """One head's (T, S) weights as text: one row per query, one character per key, chosen from
-    RAMP by the weight relative to the largest weight in the map. Row labels are the queries'."""
+    RAMP by the weight relative to the largest weight of its row (early queries, which see few
+    keys, would otherwise outshine every later row). Row labels are the queries'."""
     if matrix.dim() != 2:
         raise ValueError(f"matrix must be (T, S), got shape {tuple(matrix.shape)}")
     m = matrix.detach().float()
-    top = float(m.max()) or 1.0
+    top = m.amax(-1, keepdim=True).clamp_min(torch.finfo(m.dtype).tiny)  # (T, 1)
     levels = (m / top * (len(RAMP) - 1)).round().long().clamp(0, len(RAMP) - 1)
     labels = [str(i) for i in range(m.shape[0])] if labels is None else [_printable(s) for s in labels]
     lines = []
@@ -45,10 +47,14 @@ def plot_attention(
     titles: Sequence[str] | None = None,
     heads: Sequence[int] | None = None,
     batch_index: int = 0,
-    cell: float = 1.6,
+    cell: float | None = None,
 ) -> Path:
     """Write a grid of heatmaps (rows = the given layers' (B, H, T, S) weights, columns = heads)
-    with query/key token labels to ``path`` (PNG). Returns the path."""
+    with query/key token labels to ``path`` (PNG). Returns the path.
+
+    Colours use a square-root scale over [0, 1], so weights of a few percent stay visible next
+    to a query that puts all its weight on one key. cell: inches per panel (default grows with T).
+    """
     try:
         import matplotlib
 
@@ -58,13 +64,17 @@ def plot_attention(
         raise ImportError("plot_attention needs matplotlib: pip install 'torchformer[viz]'") from err
     if not weights:
         raise ValueError("weights is empty: give at least one layer's (B, H, T, S) weights")
+    from matplotlib.colors import PowerNorm
+
     heads = list(range(weights[0].shape[1])) if heads is None else list(heads)
     rows, cols = len(weights), len(heads)
+    cell = min(4.0, max(1.6, 0.06 * weights[0].shape[2])) if cell is None else cell
     fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 0.6), squeeze=False)
     for r, layer in enumerate(weights):
         for c, h in enumerate(heads):
             ax = axes[r][c]
-            ax.imshow(layer[batch_index, h].detach().float().cpu().numpy(), cmap="viridis", vmin=0.0, vmax=None)
+            matrix = layer[batch_index, h].detach().float().cpu().numpy()
+            ax.imshow(matrix, cmap="viridis", norm=PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0))
             ax.set_title(f"{titles[r] if titles else f'layer {r}'} head {h}", fontsize=7)
             _label(ax, tokens, key_tokens, layer.shape[2], layer.shape[3], r == rows - 1, c == 0)
     fig.tight_layout()
@@ -80,7 +90,7 @@ def _label(ax, tokens, key_tokens, T: int, S: int, bottom: bool, left: bool) -> 
     keys = key_tokens if key_tokens is not None else tokens
     ax.set_xticks([])
     ax.set_yticks([])
-    if left and tokens is not None and len(tokens) == T and T <= 48:
+    if left and tokens is not None and len(tokens) == T and T <= 64:
         ax.set_yticks(range(T), [_printable(t, "_") for t in tokens], fontsize=5)
-    if bottom and keys is not None and len(keys) == S and S <= 48:
+    if bottom and keys is not None and len(keys) == S and S <= 64:
         ax.set_xticks(range(S), [_printable(t, "_") for t in keys], fontsize=5, rotation=90)

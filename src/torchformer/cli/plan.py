@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from fractions import Fraction
+from pathlib import Path
 
 from .. import presets
 from ..analysis.accounting import (
@@ -135,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size}: must be >= 1")
     dtype = str(as_dtype(args.dtype)).removeprefix("torch.")
-    for line in lines_for(cfg, str(args.model), seq_len, args.batch_size, dtype):
+    name = Path(args.model).name if Path(args.model).is_dir() else str(args.model)
+    for line in lines_for(cfg, name, seq_len, args.batch_size, dtype):
         print(line)
     if args.tokens_per_second is not None and args.peak_tflops is not None:
         peak = peak_flops(args.peak_tflops)

@@ -91,6 +91,7 @@ def beam_search(
 
 @torch.inference_mode()
 def search(model, req: Request, beam_size: int, n_best: int, length_penalty: float) -> Beams:
+    """The search itself, on validated arguments (module docstring)."""
     max_new_tokens = req.max_new_tokens
     logits, cache, pos, prefix = prefill(model, req)
     B, K, V = prefix.shape[0], beam_size, logits.shape[-1]
@@ -119,12 +120,16 @@ def search(model, req: Request, beam_size: int, n_best: int, length_penalty: flo
         tok = torch.tensor(keep_tok, device=prefix.device, dtype=prefix.dtype)[:, None]  # (B*K, 1)
         logp = step(model, tok, pos, cache).float().log_softmax(-1)  # (B*K, V)
         pos = pos + 1
-    for b, item in enumerate(items):
-        if not item.done:  # out of steps: the open beams compete as they stand
-            for k in range(K):
-                if keep_total[b * K + k] > -math.inf:
-                    item.add(keep_total[b * K + k], beams[b * K + k])
+    retire_open(items, keep_total, beams, K)
     return assemble(items, prefix, n_best, req.pad_token_id)
+
+
+def retire_open(items: list[Item], totals: list[float], beams: list[list[int]], K: int) -> None:
+    """Out of steps: the open beams of unfinished items compete as they stand."""
+    for b, item in enumerate(items):
+        for k in range(K):
+            if not item.done and totals[b * K + k] > -math.inf:
+                item.add(totals[b * K + k], beams[b * K + k])
 
 
 def select(items, top, index, beams, K: int, V: int, eos: set[int]):

@@ -56,15 +56,18 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     use them in autograd)."""
     logits, cache, pos, prefix = prefill(model, req)
     step = step_function(req.seq2seq, compiled)
-    history = History(prefix, None if req.seq2seq else req.attention_mask, req.max_new_tokens, logits.shape[-1])
+    history = None
+    if s.needs_history:
+        mask = None if req.seq2seq else req.attention_mask
+        history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
     finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
     for i in range(req.max_new_tokens):
-        logits = history.process(logits.float(), s) if s.needs_history else logits.float()
+        logits = logits.float() if history is None else history.process(logits.float(), s)
         tok = choose(logits, s, generator)
         if req.eos is not None:
             tok = tok.masked_fill(finished, req.pad_token_id)
             finished = finished | torch.isin(tok, req.eos)
-        if s.needs_history:
+        if history is not None:
             history.add(tok)
         yield tok, logits
         if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
@@ -93,8 +96,7 @@ def stream(
 ) -> Iterator[Tensor]:
     """Like ``generate``, but yields each new token (B,) as soon as it is chosen; the arguments
     are checked when ``stream`` is called, not at the first ``next``."""
-    options = dict(locals())
-    return open_decode(**options)[1]
+    return open_decode(**dict(locals()))[1]  # locals() here = exactly the arguments
 
 
 def open_decode(
@@ -141,8 +143,8 @@ def generate(
     DecoderLM: input_ids is the prompt, left-padded when rows differ in length (attention_mask
     (B, T), 0 = padding); each row's output equals generating that prompt alone. EncoderDecoder:
     input_ids is the source (attention_mask marks its padding, on the right: the encoder counts
-    positions from the first column); the output is
-    (B, 1 + N): the decoder start token (config.decoder_start_token_id unless given) and N tokens.
+    positions from the first column); the output is (B, 1 + N): the decoder start token
+    (config.decoder_start_token_id unless given) and N tokens.
 
     temperature 0 is greedy; otherwise tokens are sampled after the processors of
     ``torchformer.generation.sampling`` (repetition penalty, n-gram block, temperature, top-k,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 from .. import presets
 from ..config import ModelConfig
 
+TASKS = ("lm", "mlm", "seq2seq")
+PRECISIONS = ("auto", "fp32", "bf16")
 RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
 
 
@@ -114,7 +117,8 @@ class Recipe:
         base = presets.get(spec.pop("preset", "shakespeare-char")).to_dict()
         merged = _deep_merge(base, spec, "model")
         merged["vocab_size"] = vocab_size
-        merged["max_seq_len"] = max(merged["max_seq_len"], self.data.seq_len + 1)
+        if self.data.task != "seq2seq":  # the model must take a whole training window
+            merged["max_seq_len"] = max(merged["max_seq_len"], self.data.seq_len)
         merged.update({k: v for k, v in special.items() if k in merged})
         return ModelConfig.from_dict(merged)
 
@@ -179,6 +183,32 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs)
     recipe.model_config(8, {})  # validate model changes now (vocab_size is filled in from the tokenizer later)
     return recipe
+
+
+def check(recipe: Recipe) -> None:
+    """Settings that can be checked before any work, with what is allowed."""
+    t, d = recipe.train, recipe.data
+    problems = []
+    if d.task not in TASKS:
+        problems.append(f"data.task={d.task!r}: must be one of {list(TASKS)}")
+    for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every"):
+        if not isinstance(getattr(t, name), int) or getattr(t, name) < 1:
+            problems.append(f"train.{name}={getattr(t, name)!r}: must be an integer >= 1")
+    if isinstance(t.batch_size, int) and isinstance(t.grad_accum, int) and t.grad_accum >= 1:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if t.batch_size % (world * t.grad_accum):
+            problems.append(
+                f"train.batch_size={t.batch_size}: must be divisible by world size {world} "
+                f"x train.grad_accum={t.grad_accum}"
+            )
+    if t.precision not in PRECISIONS:
+        problems.append(f"train.precision={t.precision!r}: must be one of {list(PRECISIONS)}")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        problems.append(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
+    if d.seq_len < 1:
+        problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
+    if problems:
+        raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

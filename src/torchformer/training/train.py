@@ -29,11 +29,9 @@ from .batches import LMBatches, MLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
 from .losses import ARCH_OF_TASK, OBJECTIVES
 from .optim import adamw
-from .recipe import Recipe
+from .recipe import Recipe, check
 from .report import Reporter, append_metrics, perplexity, plot_losses, read_metrics, truncate_metrics
 from .schedules import Schedule
-
-PRECISIONS = ("auto", "fp32", "bf16")
 
 
 class NonFiniteLoss(RuntimeError):
@@ -59,7 +57,7 @@ def train(
     as an interruption would; the schedule still plans for ``train.steps``."""
     reporter = reporter or Reporter()
     t, task = recipe.train, recipe.data.task
-    check_recipe(recipe)
+    check(recipe)
     rt = dist.setup(t.device)
     reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
@@ -166,32 +164,6 @@ def train(
 
 
 # -- the pieces, in the order train() uses them ---------------------------------------------------
-
-
-def check_recipe(recipe: Recipe) -> None:
-    """Settings that can be checked before any work, with what is allowed."""
-    t, d = recipe.train, recipe.data
-    problems = []
-    if d.task not in OBJECTIVES:
-        problems.append(f"data.task={d.task!r}: must be one of {list(OBJECTIVES)}")
-    for name in ("steps", "batch_size", "grad_accum", "eval_every", "eval_batches", "log_every"):
-        if not isinstance(getattr(t, name), int) or getattr(t, name) < 1:
-            problems.append(f"train.{name}={getattr(t, name)!r}: must be an integer >= 1")
-    if isinstance(t.batch_size, int) and isinstance(t.grad_accum, int) and t.grad_accum >= 1:
-        world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-        if t.batch_size % (world * t.grad_accum):
-            problems.append(
-                f"train.batch_size={t.batch_size}: must be divisible by world size {world} "
-                f"x train.grad_accum={t.grad_accum}"
-            )
-    if t.precision not in PRECISIONS:
-        problems.append(f"train.precision={t.precision!r}: must be one of {list(PRECISIONS)}")
-    if not 0.0 <= t.label_smoothing < 1.0:
-        problems.append(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
-    if d.seq_len < 1:
-        problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
-    if problems:
-        raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
 
 
 def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
