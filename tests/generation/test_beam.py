@@ -134,7 +134,7 @@ def test_search_stops_once_no_open_beam_can_win(length_penalty, forwards):
     # is needed; after it every open beam went through a ~1e-9 token and cannot win.
     model = markov_model()
     calls = []
-    logits = model.logits
-    model.logits = lambda *a: calls.append(1) or logits(*a)
+    forward = model.stack.forward  # every forward (prefill or step) runs the block stack once
+    model.stack.forward = lambda *a: calls.append(1) or forward(*a)
     tfm.beam_search(model, PROMPT, beam_size=2, max_new_tokens=10, eos_token_id=EOS, length_penalty=length_penalty)
     assert len(calls) == forwards

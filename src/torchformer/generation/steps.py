@@ -54,7 +54,8 @@ def prefill(model, req: Request, batch_size: int | None = None) -> Prefilled:
         pos = torch.arange(ids.shape[1], device=ids.device)[None, :].expand(ids.shape[0], -1)  # (B, T)
     else:
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
-    logits = model.logits(ids, pos, mask, cache)[:, -1]
+    # The head only for the last position: (B, V), not (B, T, V) logits nobody reads.
+    logits = model.lm_head(model.hidden(ids, pos, mask, cache)[:, -1])
     return Prefilled(logits, cache, pos[:, -1:] + 1, ids)
 
 

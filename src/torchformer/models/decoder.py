@@ -38,8 +38,12 @@ class DecoderLM(nn.Module):
 
     def logits(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
         """The unchecked forward (generation loops and compiled steps call this)."""
+        return self.lm_head(self.hidden(ids, pos, attention_mask, cache))  # (B, T, V)
+
+    def hidden(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        """Unchecked final hidden states (B, T, D); a prefill applies lm_head to the last one only."""
         ctx = self.stack.context(pos, attention_mask, cache)
-        return self.lm_head(self.stack(self.embed(ids, pos), ctx, cache))  # (B, T, V)
+        return self.stack(self.embed(ids, pos), ctx, cache)
 
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:
         """A static cache for ``batch_size`` rows of up to ``max_len`` positions."""
