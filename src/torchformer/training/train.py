@@ -139,6 +139,8 @@ def train(
             out_of_time = t.max_time_s is not None and time.perf_counter() - wall0 >= t.max_time_s
             out_of_time = out_of_time or step == stop_after
             if step % t.eval_every == 0 or step == t.steps or out_of_time:
+                with torch.random.fork_rng(devices=[]):  # re-measured: a busy start understates the peak
+                    peak = max(peak, matmul_peak_flops())
                 val_loss = evaluate(objective, evals, rt.device, amp)
                 row = {"step": step, "train_loss": window_loss / max(1, window_tokens), "val_loss": val_loss,
                        "val_ppl": perplexity(val_loss), "lr": lr, "elapsed_s": round(elapsed, 3),
