@@ -19,16 +19,16 @@ CHILD = textwrap.dedent(
     import os, signal, sys
     sys.path.insert(0, {root!r})
     from tests.training.tiny import tiny_recipe
-    from torchformer.training import checkpoint
+    from torchformer import atomic
     from torchformer.training.train import train
 
-    real, calls = checkpoint.save_file, []
+    real, calls = atomic.save_file, []
     def save_then_die(*args, **kwargs):
         calls.append(1)
         real(*args, **kwargs)
         if len(calls) == 5:
             os.kill(os.getpid(), signal.SIGKILL)
-    checkpoint.save_file = save_then_die
+    atomic.save_file = save_then_die
     train(tiny_recipe({out!r}, {corpus!r}, train={{"steps": 20, "checkpoint_every": 5}}))
     """
 )
@@ -41,7 +41,7 @@ def test_sigkill_during_checkpoint_write(tmp_path, corpus):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert [p.name for p in list_checkpoints(out)] == ["step_000005"]
-    assert list((out / "checkpoints").glob(".tmp_step_000010_*"))  # the half-written one, hidden
+    assert list((out / "checkpoints").glob(".tmp_step_000010.*"))  # the half-written one, hidden
     for folder in (out / "checkpoints" / "step_000005", out):  # both open with tfm.load
         model = tfm.load(folder)
         assert model.config.n_layers == 2

@@ -16,16 +16,14 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from types import ModuleType
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
+from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
@@ -166,7 +164,7 @@ def to_hf(
     if tokenizer is not None:
         files["tokenizer.json"] = tokenizer
     tensors = {name: t.detach().contiguous() for name, t in state.tensors.items()}
-    return _write_atomically(Path(out_dir), tensors, files)
+    return write_folder(out_dir, tensors={"model.safetensors": tensors}, texts=files)
 
 
 def pick_model_type(cfg: ModelConfig, model_type: str | None) -> str:
@@ -188,23 +186,3 @@ def pick_model_type(cfg: ModelConfig, model_type: str | None) -> str:
         reasons.setdefault("/".join(family.MODEL_TYPES), problems)
     lines = "\n  - ".join(f"{fam}: {'; '.join(why)}" for fam, why in reasons.items())
     raise ValueError(f"no Hugging Face family fits this model's config:\n  - {lines}")
-
-
-def _write_atomically(path: Path, tensors: dict, files: dict[str, str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for name, text in files.items():
-            (tmp / name).write_text(text)
-        old = path.with_name(f".{path.name}.old") if path.exists() else None
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-        tmp.rename(path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from ..atomic import write_folder
 from ..config import ModelConfig
 from .build import build_model
 
@@ -44,29 +43,8 @@ def save(model: nn.Module, path: str | os.PathLike, *, extra_files: dict[str, st
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
         raise TypeError("save needs a torchformer model (built by build_model); it has no ModelConfig")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        save_file(unique_state(model), str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2))
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        for f in tmp.iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-        tmp.rename(path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return path
+    texts = {CONFIG_FILE: json.dumps(config.to_dict(), indent=2), **(extra_files or {})}
+    return write_folder(path, tensors={WEIGHTS_FILE: unique_state(model)}, texts=texts)
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:

@@ -7,7 +7,6 @@ padding, no window), which lets SDPA use its fastest kernel.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 
@@ -33,12 +32,3 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if m is not None:
             out = m if out is None else out & m
     return out
-
-
-def any_visible(mask: Tensor) -> Tensor:
-    """(B, 1|H, T, S) -> (B, 1|H, T, 1): False for query rows that may attend to nothing."""
-    return mask.any(dim=-1, keepdim=True)
-
-
-def column_positions(length: int, device: torch.device) -> Tensor:
-    return torch.arange(length, device=device)[None, :]  # (1, T)

@@ -17,21 +17,14 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from ..atomic import TMP_PREFIX, fsync_path, write_folder
 from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, unique_state
 
 STATE, OPTIM, RNG, TOKENIZER = "state.json", "optimizer.safetensors", "rng.safetensors", "tokenizer.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def optimizer_tensors(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:
@@ -89,26 +82,13 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically; also refresh the run folder's top-level model files."""
     ckpts = run_dir / "checkpoints"
-    ckpts.mkdir(parents=True, exist_ok=True)
-    final = ckpts / f"step_{step:06d}"
-    tmp = ckpts / f".tmp_step_{step:06d}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file(model_state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-    (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
-    (tmp / TOKENIZER).write_text(tokenizer_json)
-    save_file(optim[0], str(tmp / OPTIM))
-    save_file(rng, str(tmp / RNG))
-    (tmp / STATE).write_text(json.dumps({**state, "optimizer": optim[1]}, indent=1))
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
-    if final.exists():  # re-writing the same step (a resumed run): move the old one aside first
-        old = ckpts / f".old_{final.name}_{os.getpid()}"
-        final.rename(old)
-        shutil.rmtree(old)
-    tmp.rename(final)
-    _fsync(ckpts)
+    texts = {
+        CONFIG_FILE: json.dumps(config, indent=2),
+        TOKENIZER: tokenizer_json,
+        STATE: json.dumps({**state, "optimizer": optim[1]}, indent=1),
+    }
+    tensors = {WEIGHTS_FILE: model_state, OPTIM: optim[0], RNG: rng}
+    final = write_folder(ckpts / f"step_{step:06d}", tensors=tensors, texts=texts)
     _export(final, run_dir)
     _prune(ckpts, keep_last)
     return final
@@ -120,14 +100,14 @@ def _export(ckpt: Path, run_dir: Path) -> None:
     for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER):
         tmp = run_dir / f".{name}.tmp"
         shutil.copyfile(ckpt / name, tmp)
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, run_dir / name)
 
 
 def _prune(ckpts: Path, keep_last: int) -> None:
     for old in list_checkpoints(ckpts.parent)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in ckpts.glob(".tmp_step_*"):  # left by a process killed mid-write
+    for stale in ckpts.glob(f"{TMP_PREFIX}step_*"):  # left by a process killed mid-write
         if not stale.name.endswith(f"_{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)
 
