@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 import torchformer as tfm
+from benchmarks.results import write_section
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 TARGETS = [("torchformer eager", 1, 1.5), ("torchformer compiled", 1, 2.5), ("torchformer eager", 8, 1.5)]
 SHAPE = {"vocab": 8192, "d_model": 512, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1368}
 
@@ -181,20 +179,6 @@ def table(rows: list[dict], weight_bytes: int, copy_bw: float, mv_bw: float) -> 
     return "\n".join(lines)
 
 
-def write_section(text: str, command: str, load: tuple[float, ...]) -> None:
-    start, end = "<!-- decode:start -->", "<!-- decode:end -->"
-    body = f"{start}\n## Decode (issue 3)\n\n`{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-    load = ", ".join(f"{x:.1f}" for x in load)
-    body += f"{torch.get_num_threads()} threads, torch {torch.__version__}, load average before the run {load})"
-    body += f"\n\n{text}\n{end}"
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if start in old:
-        new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: body, old, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n" + body + "\n"
-    RESULTS.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.decode", description=__doc__.split("\n\n")[0])
     p.add_argument("--new-tokens", type=int, default=256)
@@ -212,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write:
         command = "python -m benchmarks.decode " + " ".join(argv or [])
-        write_section(text, command.strip(), load)
+        load_text = ", ".join(f"{x:.1f}" for x in load)
+        write_section("decode", "Decode (issue 3)", command.strip(), f"load average before the run {load_text}", text)
     return 0
 
 

@@ -14,7 +14,7 @@ def main() -> int:
     for name in BENCHMARKS:
         if only and name.rsplit(".", 1)[-1] not in only:
             continue
-        importlib.import_module(name).main()
+        importlib.import_module(name).main([])
     return 0
 
 

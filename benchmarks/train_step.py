@@ -15,18 +15,16 @@ with the PaLM/nanoGPT FLOP count of ``tfm.flops_per_token(cfg, T).training``.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import torchformer as tfm
+from benchmarks.results import write_section
 from torchformer.analysis.accounting import flops_per_token, matmul_peak_flops
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
 V, D, L, H, T, B = 8192, 384, 6, 6, 256, 8
 
 
@@ -156,19 +154,6 @@ def table(rows: list[dict], peak: float) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str, command: str) -> None:
-    start, end = "<!-- train_step:start -->", "<!-- train_step:end -->"
-    body = f"{start}\n## Training step (issue 4)\n\n`{command}` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-    body += f"{torch.get_num_threads()} threads, torch {torch.__version__}; shapes: {L} layers, d_model {D}, "
-    body += f"{H} heads, vocab {V}, T {T}, B {B}, fp32, no dropout)\n\n{text}\n{end}"
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if start in old:
-        new = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: body, old, flags=re.S)
-    else:
-        new = old.rstrip("\n") + "\n\n" + body + "\n"
-    RESULTS.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.train_step", description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (the median counts)")
@@ -190,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, peak)
     print(text)
     if args.write:
-        write_section(text, "python -m benchmarks.train_step " + " ".join(argv or []))
+        shapes = f"shapes: {L} layers, d_model {D}, {H} heads, vocab {V}, T {T}, B {B}, fp32, no dropout"
+        command = "python -m benchmarks.train_step " + " ".join(argv or [])
+        write_section("train_step", "Training step (issue 4)", command.strip(), shapes, text)
     return 0
 
 
