@@ -16,7 +16,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, Learned, ModelConfig, Sinusoidal
-from .hf_config import HF_ACTIVATIONS, activation, common_out, token_fields, token_ids, unsupported
+from .hf_config import (
+    HF_ACTIVATIONS,
+    activation,
+    biased_layernorm_rules,
+    common_out,
+    token_fields,
+    token_ids,
+    unsupported,
+)
 from .keymap import KeyMap, renamed, rule
 from .transforms import as_row, as_vector
 
@@ -76,20 +84,17 @@ def model_type_for(cfg: ModelConfig) -> str:
 
 
 def unfit(cfg: ModelConfig) -> list[str]:
-    a, b, pos = cfg.attention, cfg.block, cfg.positions
+    b, pos = cfg.block, cfg.positions
     bart = isinstance(pos, Learned) and pos.offset == 2 and cfg.embed_norm
     marian = isinstance(pos, Sinusoidal) and pos.layout == "split" and pos.base == 10000.0 and not cfg.embed_norm
     rules = [
         (cfg.arch == "encoder_decoder", f"arch={cfg.arch!r} (needs 'encoder_decoder')"),
         (bart or marian, "needs BART's Learned(offset=2) + embed_norm, or Marian's Sinusoidal(layout='split')"),
-        (b.norm == "layernorm" and b.norm_bias and b.norm_placement == "post", "needs post-norm LayerNorm with bias"),
         (b.norm_eps == 1e-5, f"block.norm_eps={b.norm_eps} (needs 1e-5)"),
-        (b.mlp in HF_ACTIVATIONS, f"block.mlp={b.mlp!r} (needs one of {sorted(HF_ACTIVATIONS)})"),
-        (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
-        (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
         (cfg.final_logits_bias and not cfg.has_final_norm, "needs final_logits_bias and no final norm"),
         (not bart or cfg.share_embeddings or not cfg.tie_embeddings, "BART ties its head to a shared table"),
     ]
+    rules += biased_layernorm_rules(cfg, "post")
     return [why for ok, why in rules if not ok]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, Learned, ModelConfig
-from .hf_config import HF_ACTIVATIONS, activation, common_out, token_ids, unsupported
+from .hf_config import HF_ACTIVATIONS, activation, biased_layernorm_rules, common_out, token_ids, unsupported
 from .keymap import KeyMap, renamed, rule
 
 MODEL_TYPES = ("bert",)
@@ -56,20 +56,16 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def unfit(cfg: ModelConfig) -> list[str]:
-    a, b = cfg.attention, cfg.block
     rules = [
         (cfg.arch == "encoder", f"arch={cfg.arch!r} (needs 'encoder')"),
-        (b.norm == "layernorm" and b.norm_bias and b.norm_placement == "post", "needs post-norm LayerNorm with bias"),
-        (b.mlp in HF_ACTIVATIONS, f"block.mlp={b.mlp!r} (needs one of {sorted(HF_ACTIVATIONS)})"),
         (isinstance(cfg.positions, Learned) and cfg.positions.offset == 0, "needs Learned() positions"),
-        (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
-        (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
         (
             cfg.embed_norm and not cfg.embed_scale and not cfg.has_final_norm,
             "needs embed_norm, no scale, no final norm",
         ),
         (cfg.n_token_types >= 1, "needs n_token_types >= 1"),
     ]
+    rules += biased_layernorm_rules(cfg, "post")
     return [why for ok, why in rules if not ok]
 
 

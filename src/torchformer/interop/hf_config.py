@@ -23,6 +23,21 @@ HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
 
 
+def biased_layernorm_rules(cfg: ModelConfig, placement: str) -> list[tuple[bool, str]]:
+    """Fit rules shared by the biased-LayerNorm families (GPT-2, BERT, BART, Marian):
+    (ok, what is needed) pairs for the norm, the activation, the biases and plain MHA."""
+    a, b = cfg.attention, cfg.block
+    return [
+        (
+            b.norm == "layernorm" and b.norm_bias and b.norm_placement == placement,
+            f"needs {placement}-norm LayerNorm with bias",
+        ),
+        (b.mlp in HF_ACTIVATIONS, f"block.mlp={b.mlp!r} (needs one of {sorted(HF_ACTIVATIONS)})"),
+        (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
+        (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
+    ]
+
+
 def unsupported(model_type: str, problems: list[str]) -> None:
     """One ValueError naming every setting this loader cannot reproduce exactly."""
     if problems:

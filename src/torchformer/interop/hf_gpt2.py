@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, Learned, ModelConfig
-from .hf_config import HF_ACTIVATIONS, activation, common_out, token_ids, unsupported
+from .hf_config import HF_ACTIVATIONS, activation, biased_layernorm_rules, common_out, token_ids, unsupported
 from .keymap import KeyMap, renamed, rule
 from .transforms import fuse_rows, split_rows, transpose
 
@@ -54,18 +54,15 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
 
 
 def unfit(cfg: ModelConfig) -> list[str]:
-    a, b = cfg.attention, cfg.block
+    a = cfg.attention
     rules = [
         (cfg.arch == "decoder", f"arch={cfg.arch!r} (needs 'decoder')"),
-        (b.norm == "layernorm" and b.norm_bias and b.norm_placement == "pre", "needs pre-norm LayerNorm with bias"),
-        (b.mlp in HF_ACTIVATIONS, f"block.mlp={b.mlp!r} (needs one of {sorted(HF_ACTIVATIONS)})"),
         (isinstance(cfg.positions, Learned) and cfg.positions.offset == 0, "needs Learned() positions"),
-        (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
-        (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
         (a.sliding_window is None, "has no sliding window"),
         (cfg.has_final_norm, "needs a final norm"),
         (not (cfg.embed_scale or cfg.embed_norm or cfg.final_logits_bias), "no embed_scale/embed_norm/logits bias"),
     ]
+    rules += biased_layernorm_rules(cfg, "pre")
     return [why for ok, why in rules if not ok]
 
 
