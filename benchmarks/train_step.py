@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import torchformer as tfm
 from benchmarks.results import write_section
 from torchformer.analysis.accounting import flops_per_token, matmul_peak_flops
+from torchformer.host_memory import keep_freed_memory
 
 V, D, L, H, T, B = 8192, 384, 6, 6, 256, 8
 
@@ -93,7 +94,9 @@ def make_step(name: str, compiled: bool):
     torch.manual_seed(0)
     model, forward = SYSTEMS[name][0]()
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    # The fused AdamW kernel for every system: HF Trainer's default since torch 2.8, and what
+    # torchformer's trainer uses on CPU and CUDA.
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def loss_fn(x, y):
         return F.cross_entropy(forward(model, x).flatten(0, 1), y.flatten())
@@ -162,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--systems", type=lambda s: s.split(","), default=list(SYSTEMS), help="comma-separated names")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
+    p.add_argument("--no-keep-host-memory", dest="keep_host_memory", action="store_false",
+                   help="leave glibc's malloc as it is (freed activations go back to the kernel each step)")
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 step, nothing written")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update RESULTS.md")
     args = p.parse_args([] if argv is None else argv)
@@ -171,11 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.steps, args.warmup, args.write = 1, 1, 1, False
     torch.set_num_threads(args.threads)
+    # One process, so every system runs with the same allocator setting.
+    kept = args.keep_host_memory and keep_freed_memory()
     rows, peak = measure(args)
     text = table(rows, peak)
     print(text)
     if args.write:
-        shapes = f"shapes: {L} layers, d_model {D}, {H} heads, vocab {V}, T {T}, B {B}, fp32, no dropout"
+        shapes = f"shapes: {L} layers, d_model {D}, {H} heads, vocab {V}, T {T}, B {B}, fp32, no dropout; fused AdamW"
+        shapes += "; glibc keeps freed memory (host_memory.py)" if kept else "; glibc malloc as is"
         command = "python -m benchmarks.train_step " + " ".join(argv or [])
         write_section("train_step", "Training step (issue 4)", command.strip(), shapes, text)
     return 0

@@ -80,6 +80,7 @@ class Train:
     seed: int = 1337
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch (None: torch's default, one per core)
+    keep_host_memory: bool = True  # CPU: glibc keeps freed memory (no page faults per step; host_memory.py)
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: bool = False
     activation_checkpointing: bool = False

@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..analysis.accounting import flops_per_token, matmul_peak_flops
+from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
 from . import distributed as dist
@@ -62,6 +63,8 @@ def train(
     reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
         torch.set_num_threads(t.threads)
+    if t.keep_host_memory and rt.device.type == "cpu":
+        keep_freed_memory()
     try:
         out = Path(t.out_dir)
         data = load_data(recipe, out, rt)
