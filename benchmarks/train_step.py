@@ -165,8 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--systems", type=lambda s: s.split(","), default=list(SYSTEMS), help="comma-separated names")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager only")
-    p.add_argument("--no-keep-host-memory", dest="keep_host_memory", action="store_false",
-                   help="leave glibc's malloc as it is (freed activations go back to the kernel each step)")
+    p.add_argument(
+        "--no-keep-host-memory",
+        dest="keep_host_memory",
+        action="store_false",
+        help="leave glibc's malloc as it is (freed activations go back to the kernel each step)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 step, nothing written")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update RESULTS.md")
     args = p.parse_args([] if argv is None else argv)
