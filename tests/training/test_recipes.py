@@ -67,3 +67,20 @@ def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path, capsys):
     grid = out.split("(rows: output, columns: input):\n")[1].splitlines()
     assert grid[0].strip().endswith("<") and len(grid) >= 2  # key labels, then one row per output token
     assert main(["demo", "nonsense"]) == 2
+
+
+def test_reverse_recipe_learns_reversal(tmp_path):
+    """The demo's recipe, shrunk (d_model 64, strings of 3-6 letters, 300 steps, ~13 s), really
+    learns the task: greedy decoding reverses >= 90% of held-out strings (measured 95-98.5% over
+    seeds 1-3 and 1337). An untrained model scores 0%, and a broken mask, position or schedule
+    leaves it far below."""
+    from torchformer.training.reverse_eval import exact_match
+
+    small = ["model.d_model=64", "model.attention.n_heads=4", "model.block.d_ff=256", "train.steps=300",
+             "schedule.warmup=60", "optim.lr=5e-3", "data.synthetic.n_train=5000", "data.synthetic.n_val=200",
+             "data.synthetic.max_len=6", "train.batch_size=64", "train.eval_every=300", "train.max_time_s=null",
+             "train.device=cpu", f"train.out_dir={tmp_path}"]  # fmt: skip
+    result = train(recipe.load("reverse", small))
+    acc, examples = exact_match(result.model, result.tokenizer, result.data.val)
+    assert len(examples) == 200
+    assert acc >= 0.9, [e for e in examples if e[1] != e[2]][:5]
