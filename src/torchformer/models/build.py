@@ -16,6 +16,7 @@ from ..config import ALiBi, Learned, ModelConfig, RelativeBias, RoPE, Sinusoidal
 from ..nn.attention import Attention
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.block import Block, post_norm, pre_norm
+from ..nn.linear import Linear
 from ..nn.mlp import MLP, GatedMLP
 from ..nn.norms import LayerNorm, RMSNorm
 from ..nn.positions import (
@@ -147,7 +148,7 @@ def embeddings(cfg: ModelConfig, tok: nn.Embedding, token_types: int = 0) -> Emb
 
 
 def lm_head(cfg: ModelConfig, tok: nn.Embedding) -> nn.Linear:
-    head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias)
+    head = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias)
     if cfg.tie_embeddings:
         head.weight = tok.weight
     return head

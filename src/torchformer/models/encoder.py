@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..nn.linear import linear
 from .checks import check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from
 
@@ -39,4 +39,4 @@ class Encoder(nn.Module):
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:
         """Masked-LM logits (B, T, V) through the tied token embeddings."""
-        return F.linear(hidden, self.embed.tok.weight)
+        return linear(hidden, self.embed.tok.weight)

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 from torch import Tensor, nn
 
+from .linear import Linear
+
 Rotation = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
@@ -40,10 +42,10 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.q_proj = nn.Linear(d_model, n_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, n_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, d_model, bias=out_bias)
+        self.q_proj = Linear(d_model, n_heads * head_dim, bias=bias)
+        self.k_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
+        self.o_proj = Linear(n_heads * head_dim, d_model, bias=out_bias)
         self.scale = head_dim**-0.5  # Vaswani 2017, 3.2.1: keeps score variance ~1
         self.dropout = dropout
         self.backend = backend

@@ -6,14 +6,16 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from .linear import Linear
+
 
 class MLP(nn.Module):
     """FFN(x) = down(act(up(x))) (Vaswani 2017 eq. 2 with act = ReLU)."""
 
     def __init__(self, d_model: int, d_ff: int, act: Callable[[Tensor], Tensor], bias: bool) -> None:
         super().__init__()
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
         self.act = act
 
     def forward(self, x: Tensor) -> Tensor:
@@ -25,9 +27,9 @@ class GatedMLP(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, act: Callable[[Tensor], Tensor], bias: bool) -> None:
         super().__init__()
-        self.gate = nn.Linear(d_model, d_ff, bias=bias)
-        self.up = nn.Linear(d_model, d_ff, bias=bias)
-        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.gate = Linear(d_model, d_ff, bias=bias)
+        self.up = Linear(d_model, d_ff, bias=bias)
+        self.down = Linear(d_ff, d_model, bias=bias)
         self.act = act
 
     def forward(self, x: Tensor) -> Tensor:
