@@ -4,6 +4,7 @@ The public surface (DESIGN section 5) is re-exported here; no logic lives in thi
 """
 
 from . import analysis, presets
+from ._version import __version__
 from .analysis.accounting import count_params, flops_per_token, kv_cache_bytes
 from .config import (
     ALiBi,
@@ -27,6 +28,7 @@ from .nn.kv_cache import KVCache
 from .verify import verify
 
 __all__ = [
+    "__version__",
     "ALiBi",
     "AttentionConfig",
     "BlockConfig",
@@ -56,4 +58,3 @@ __all__ = [
     "verify",
     "stream",
 ]
-__version__ = "0.1.0"

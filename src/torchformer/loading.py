@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from . import presets
+from .extras import require
 from .models.build import build_model
 from .models.saving import CONFIG_FILE, load
 
@@ -54,8 +55,4 @@ def load_tokenizer(path: str | os.PathLike):
     file = Path(path) / TOKENIZER_FILE
     if not file.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as err:  # pragma: no cover - the hf/train extras install it
-        raise ImportError("load_tokenizer needs the `tokenizers` package: pip install 'torchformer[hf]'") from err
-    return Tokenizer.from_file(str(file))
+    return require("tokenizers", extra="hf").Tokenizer.from_file(str(file))

@@ -100,7 +100,7 @@ _PRESETS = {
     # ~1M parameters, GQA 4:2: for tests, demos and CPU experiments.
     "llama-tiny": lambda: _llama(256, 128, 4, 4, 2, None, 10000.0, 512),
     # The default training run (issue 4): a small pre-LN char-level decoder sized for 2 CPU cores
-    # (~0.83M parameters). recipes/shakespeare-char.yaml trains it with a 64-char context
+    # (~0.83M parameters). the packaged shakespeare-char recipe trains it with a 64-char context
     # (model.max_seq_len: 64) and the tokenizer's vocab_size.
     "shakespeare-char": lambda: ModelConfig(
         arch="decoder",

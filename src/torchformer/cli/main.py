@@ -9,6 +9,9 @@ import argparse
 import importlib
 import sys
 
+from .._version import __version__
+from ..extras import MissingExtra
+
 COMMANDS = {
     "train": "torchformer.cli.train",
     "generate": "torchformer.cli.generate",
@@ -17,7 +20,7 @@ COMMANDS = {
     "verify": "torchformer.cli.verify",
     "convert": "torchformer.cli.convert",
     "demo": "torchformer.cli.demo",
-    "bench": "torchformer.cli.bench",
+    "serve": "torchformer.cli.serve",
 }
 
 
@@ -25,7 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="torchformer", description="The Transformer, all three shapes.")
     parser.add_argument("command", choices=sorted(COMMANDS), help="what to do")
-    if not argv or argv[0] in ("-h", "--help"):
+    parser.add_argument("--version", action="version", version=f"torchformer {__version__}")
+    if not argv or argv[0] in ("-h", "--help", "--version"):
+        if argv and argv[0] == "--version":
+            parser.parse_args(argv)  # prints the version and exits 0
         parser.print_help()
         return 0 if argv else 2
     if argv[0] not in COMMANDS:
@@ -40,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     args = sub.parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, MissingExtra) as err:
         # User errors are raised with a teaching message at the boundary: show it, no traceback.
         print(f"torchformer {argv[0]}: error: {err}", file=sys.stderr)
         return 2

@@ -7,11 +7,12 @@ import os
 import sys
 import time
 
+from ..extras import require
 from ..training.recipe import load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--recipe", default=None, help="recipe YAML file or a name in recipes/ (default: shakespeare-char)")
+    p.add_argument("--recipe", default=None, help="recipe YAML file or packaged name (default: shakespeare-char)")
     p.add_argument("--data", default=None, help="data source: a text file, a folder, JSONL or TSV (sets data.source)")
     p.add_argument("--out", default=None, help="run folder (sets train.out_dir)")
     p.add_argument("--device", default=None, help="cpu | cuda | mps | auto (sets train.device)")
@@ -26,7 +27,7 @@ class BarReporter:
         self.bar = None
 
     def start(self, info) -> None:
-        from tqdm import tqdm
+        tqdm = require("tqdm").tqdm
 
         print(
             f"{info['recipe']}: {info['params']:,} parameters on {info['device']} (world {info['world']}), "

@@ -6,6 +6,7 @@ errors that list what is allowed. The model section is a preset name plus ModelC
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 import re
@@ -15,10 +16,12 @@ from typing import Any
 
 from .. import presets
 from ..config import ModelConfig
+from ..extras import require
 
 TASKS = ("lm", "mlm", "seq2seq")
 PRECISIONS = ("auto", "fp32", "bf16")
-RECIPES_DIR = Path(__file__).resolve().parents[3] / "recipes"
+# Recipes ship inside the package (package data), so a bare name works from an installed wheel too.
+RECIPES = importlib.resources.files("torchformer") / "recipes"
 
 
 SYNTHETIC_DEFAULTS = {
@@ -214,7 +217,7 @@ def check(recipe: Recipe) -> None:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'optim.lr=3e-4' -> (['optim', 'lr'], 0.0003); values are parsed as YAML scalars/lists."""
-    import yaml
+    yaml = require("yaml")
 
     if "=" not in text:
         raise ValueError(f"override {text!r}: expected section.key=value, e.g. optim.lr=3e-4")
@@ -239,18 +242,25 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
 
 
 def read_file(path: str | Path) -> dict[str, Any]:
-    """A recipe file (YAML or JSON) as plain data; a bare name means recipes/<name>.yaml."""
-    import yaml
+    """A recipe file (YAML or JSON) as plain data; a bare name is one of the packaged recipes."""
+    yaml = require("yaml")
 
     p = Path(path)
-    if not p.exists() and not p.suffix and (RECIPES_DIR / f"{p}.yaml").is_file():
-        p = RECIPES_DIR / f"{p}.yaml"
+    if not p.exists() and not p.suffix and (RECIPES / f"{p}.yaml").is_file():
+        p = RECIPES / f"{p}.yaml"
     if not p.is_file():
-        raise FileNotFoundError(f"recipe {str(path)!r} not found (a YAML file, or a name in {RECIPES_DIR})")
+        raise FileNotFoundError(
+            f"recipe {str(path)!r} not found: give a YAML/JSON file or one of the packaged recipes {recipe_names()}"
+        )
     data = _numbers(json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text()) or {})
     if not isinstance(data, dict):
         raise ValueError(f"recipe {p} must be a mapping of sections, got {type(data).__name__}")
     return data
+
+
+def recipe_names() -> list[str]:
+    """The recipes that ship with torchformer (``torchformer train --recipe NAME``)."""
+    return sorted(f.name.removesuffix(".yaml") for f in RECIPES.iterdir() if f.name.endswith(".yaml"))
 
 
 def load(path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..extras import require
+
 SPECIALS = ("<pad>", "<s>", "</s>", "<mask>", "<unk>")
 KINDS = ("char", "byte", "bpe")
 
@@ -84,7 +86,9 @@ class TextTokenizer:
 
 def build_tokenizer(kind: str, text: str, *, vocab_size: int = 4096) -> TextTokenizer:
     """A tokenizer of ``kind`` (char | byte | bpe) fitted to ``text`` (char: its alphabet; bpe: trained)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    tk = require("tokenizers")
+    Regex, Tokenizer, decoders, models = tk.Regex, tk.Tokenizer, tk.decoders, tk.models
+    pre_tokenizers, trainers = tk.pre_tokenizers, tk.trainers
 
     if kind not in KINDS:
         raise ValueError(f"data.tokenizer={kind!r}: must be one of {list(KINDS)}")
@@ -115,9 +119,7 @@ def build_tokenizer(kind: str, text: str, *, vocab_size: int = 4096) -> TextToke
 
 def load_text_tokenizer(kind: str, json_text: str) -> TextTokenizer:
     """Rebuild a tokenizer saved with ``to_json`` (resume, cached data)."""
-    from tokenizers import Tokenizer
-
-    hf = Tokenizer.from_str(json_text)
+    hf = require("tokenizers").Tokenizer.from_str(json_text)
     chars = ""
     if kind == "char":
         vocab = hf.get_vocab(with_added_tokens=False)
