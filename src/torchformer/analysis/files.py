@@ -1,0 +1,27 @@
+"""One output file written atomically: a reader (or a failed run) sees the old file or the new one."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def check_file_path(path: str | os.PathLike, name: str = "path") -> Path:
+    """``path`` as a Path, refused when it names a directory (checked before any work)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{name}={str(path)!r} is a directory; give a file name")
+    return path
+
+
+def write_file(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a hidden temporary sibling and a rename; returns the path."""
+    path = check_file_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp_{path.name}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
