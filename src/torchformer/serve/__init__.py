@@ -1,0 +1,5 @@
+"""`torchformer serve`: an OpenAI-compatible server with continuous batching over the static
+KV cache. protocol.py (request checks, error envelope), responses.py (response shapes), chat.py
+(sandboxed chat templates), text.py (tokenizer, stop strings), jobs.py + engine.py (one thread,
+slots = rows of one cache), metrics.py (Prometheus), app.py (ASGI routes, SSE). Needs the
+`serve` extra (starlette, uvicorn, jinja2); nothing here is imported by `import torchformer`."""

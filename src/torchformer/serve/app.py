@@ -1,0 +1,210 @@
+"""The ASGI app (Starlette): OpenAI routes, SSE written here, errors always in the OpenAI envelope.
+
+The app never touches tensors: it validates a request (protocol.py), encodes the prompt, hands
+the ids to the engine and turns the engine's events (arriving from its thread through
+``call_soon_threadsafe``) into a response or a ``text/event-stream``. A client that goes away
+cancels its request, which frees the row at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.routing import Route
+
+from .chat import ChatTemplate
+from .engine import Engine
+from .jobs import Delta, Done, Failed
+from .protocol import APIError, chat_request, completion_request
+from .responses import ChatShape, CompletionShape, usage
+
+log = logging.getLogger(__name__)
+MAX_BODY_BYTES = 1 << 20
+
+
+def error_response(err: APIError) -> JSONResponse:
+    headers = {"Retry-After": "1"} if err.status == 429 else None
+    return JSONResponse(err.envelope(), status_code=err.status, headers=headers)
+
+
+def sse(data) -> bytes:
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
+
+
+class Server:
+    def __init__(
+        self, engine: Engine, model_name: str, chat: ChatTemplate | None, api_key: str | None, max_body_bytes: int
+    ) -> None:
+        self.engine, self.model_name, self.chat = engine, model_name, chat
+        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.started = int(time.time())
+
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        # compare_digest: the time taken does not reveal how much of the key matched.
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise APIError(401, "missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key")
+
+    async def body(self, request: Request) -> dict:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise APIError(413, f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes} bytes")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > self.max_body_bytes:
+                raise APIError(413, f"request body exceeds the limit of {self.max_body_bytes} bytes")
+        try:
+            return json.loads(bytes(data))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise APIError(400, f"the request body is not valid JSON: {err}") from err
+
+    async def completions(self, request: Request):
+        prompt, params = completion_request(await self.body(request), self.model_name)
+        self.require_ready()
+        ids = self.engine.texts.encode(prompt)
+        return await self.respond(request, ids, params, CompletionShape(self.model_name, ids, params.return_token_ids))
+
+    async def chat_completions(self, request: Request):
+        messages, params = chat_request(await self.body(request), self.model_name)
+        self.require_ready()
+        if self.chat is None or self.engine.texts.tokenizer is None:
+            raise APIError(
+                400,
+                "this model has no chat template (chat_template.jinja or tokenizer_config.json's "
+                "chat_template): use /v1/completions",
+                param="messages",
+                code="no_chat_template",
+            )
+        ids = self.engine.texts.encode(self.chat.render(messages), param="messages")
+        return await self.respond(request, ids, params, ChatShape(self.model_name, ids, params.return_token_ids))
+
+    def require_ready(self) -> None:
+        if not self.engine.healthy:
+            why = "the model is still loading" if self.engine.error is None else "the engine stopped"
+            raise APIError(503, f"not ready: {why}", type="server_error", code="not_ready")
+
+    async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape):
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def sink(event) -> None:  # called on the engine thread
+            with contextlib.suppress(RuntimeError):  # the event loop has closed (server shutting down)
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        job = self.engine.submit(ids, params, sink)
+        if params.stream:
+            return StreamingResponse(
+                self.stream(queue, job, shape, params),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        watcher = asyncio.create_task(self.watch_disconnect(request, job, queue))
+        try:
+            text, tokens = [], []
+            while True:
+                event = await queue.get()
+                if event is None:  # the client went away; nobody reads this answer
+                    return PlainTextResponse("", status_code=499)
+                if isinstance(event, Failed):
+                    return error_response(event.error)
+                if isinstance(event, Delta):
+                    text.append(event.text)
+                    tokens.extend(event.token_ids)
+                elif isinstance(event, Done):
+                    use = usage(event.prompt_tokens, event.completion_tokens)
+                    return JSONResponse(shape.full("".join(text), event.finish_reason, tokens, use))
+        finally:
+            watcher.cancel()
+
+    async def watch_disconnect(self, request: Request, job, queue: asyncio.Queue) -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        self.engine.cancel(job)
+        queue.put_nowait(None)
+
+    async def stream(self, queue: asyncio.Queue, job, shape: CompletionShape, params):
+        done = False
+        try:
+            first = shape.first(params.include_usage)
+            if first is not None:
+                yield sse(first)
+            while True:
+                event = await queue.get()
+                if isinstance(event, Failed):  # the OpenAI client raises APIError on an "error" event
+                    done = True
+                    yield sse(event.error.envelope())
+                    break
+                if isinstance(event, Delta) and (event.text or params.return_token_ids):
+                    yield sse(shape.chunk(event.text, event.token_ids, None, params.include_usage))
+                if isinstance(event, Done):
+                    done = True
+                    yield sse(shape.chunk("", None, event.finish_reason, params.include_usage))
+                    if params.include_usage:
+                        yield sse(shape.usage_chunk(usage(event.prompt_tokens, event.completion_tokens)))
+                    break
+            yield sse("[DONE]")
+        finally:
+            if not done:  # disconnected mid-stream (Starlette cancels this generator)
+                self.engine.cancel(job)
+
+    async def models(self, request: Request):
+        card = {"id": self.model_name, "object": "model", "created": self.started, "owned_by": "torchformer"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request):
+        if self.engine.healthy:
+            return JSONResponse({"status": "ok"})
+        why = "loading" if self.engine.error is None else f"engine stopped: {self.engine.error!r}"
+        return JSONResponse({"status": why}, status_code=503)
+
+    async def metrics(self, request: Request):
+        text = self.engine.metrics.render(self.engine.running, len(self.engine.waiting))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    def route(self, path: str, handler, method: str, public: bool = False) -> Route:
+        async def endpoint(request: Request):
+            try:
+                if not public:
+                    self.authorize(request)
+                return await handler(request)
+            except APIError as err:
+                return error_response(err)
+            except Exception as err:  # noqa: BLE001 - never a framework error page
+                log.exception("unhandled error in %s", path)
+                return error_response(APIError(500, f"internal error: {err!r}", type="server_error"))
+
+        return Route(path, endpoint, methods=[method])
+
+
+def create_app(
+    engine: Engine,
+    model_name: str,
+    chat: ChatTemplate | None = None,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+) -> Starlette:
+    s = Server(engine, model_name, chat, api_key, max_body_bytes)
+    routes = [
+        s.route("/v1/completions", s.completions, "POST"),
+        s.route("/v1/chat/completions", s.chat_completions, "POST"),
+        s.route("/v1/models", s.models, "GET"),
+        s.route("/metrics", s.metrics, "GET"),
+        s.route("/health", s.health, "GET", public=True),
+    ]
+
+    async def http_error(request: Request, exc: HTTPException):  # 404 / 405 in the OpenAI envelope
+        return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
+
+    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})

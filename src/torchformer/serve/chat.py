@@ -1,0 +1,68 @@
+"""Chat templates: found in the model folder, rendered in jinja2's sandbox.
+
+Where transformers looks (``tokenization_utils_base``): ``chat_template.jinja`` beside the
+tokenizer, else the ``chat_template`` key of ``tokenizer_config.json`` (a string, or a list of
+named templates of which "default" is used). Templates are code from the checkpoint, so they
+run in ``ImmutableSandboxedEnvironment`` (as transformers does): no attribute access to Python
+internals, no mutation of the passed objects. The rendered text is tokenized without adding
+special tokens again, since the template writes them itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .protocol import APIError
+
+CONFIG_FILE = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"
+
+
+class ChatTemplate:
+    def __init__(self, source: str, bos_token: str = "", eos_token: str = "") -> None:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):  # the helper HF templates call to refuse a conversation
+            raise TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        self.template = env.from_string(source)
+        self.bos_token, self.eos_token = bos_token, eos_token
+
+    def render(self, messages: list[dict]) -> str:
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return self.template.render(
+                messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+            )
+        except TemplateError as err:
+            raise APIError(400, f"the model's chat template refused these messages: {err}", param="messages") from err
+
+
+def token_text(value) -> str:
+    """tokenizer_config.json writes special tokens as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def load_chat_template(folder: str | Path | None) -> ChatTemplate | None:
+    """The folder's chat template, or None when it has none (chat requests then answer 400)."""
+    if folder is None or not Path(folder).is_dir():
+        return None
+    folder = Path(folder)
+    config_file = folder / CONFIG_FILE
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    source = config.get("chat_template")
+    if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+        source = named.get("default")
+    if (folder / TEMPLATE_FILE).is_file():
+        source = (folder / TEMPLATE_FILE).read_text()
+    if not isinstance(source, str) or not source:
+        return None
+    return ChatTemplate(source, token_text(config.get("bos_token")), token_text(config.get("eos_token")))

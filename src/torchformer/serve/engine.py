@@ -1,0 +1,241 @@
+"""The serving engine: one thread, one static KV cache of ``slots`` rows, continuous batching.
+
+Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled and timed-out
+requests, admit waiting ones FIFO into free rows (each prompt is prefilled alone into its row
+of the cache), then one batched decode step of (R, 1) tokens for every row. Rows without a
+request feed a dummy token whose key/value go to the cache's hidden last slot (DESIGN section
+4), so they change nothing. A freed row is reused without clearing: the cache mask is built from
+positions, so the stale keys beyond the new prompt are invisible until overwritten (each decode
+token writes its slot before attending).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ..models.decoder import DecoderLM
+from ..nn.kv_cache import KVCache, LayerCache
+from .jobs import Event, Job
+from .metrics import Metrics
+from .protocol import APIError, Params
+from .text import Texts
+
+log = logging.getLogger(__name__)
+
+
+def prefill_row(model, cache: KVCache, row: int, prompt: list[int]) -> Tensor:
+    """Run one prompt into row ``row`` of the cache: logits (1, V) for its first new token."""
+    # Views of one row: index_put_ through them writes the shared cache in place.
+    view = KVCache([LayerCache(c.k[row : row + 1], c.v[row : row + 1]) for c in cache.layers], cache.max_len)
+    device = cache.layers[0].k.device
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    pos = torch.arange(len(prompt), device=device)[None, :]  # (1, T)
+    return model.lm_head(model.hidden(ids, pos, None, view)[:, -1])  # (1, V), as steps.prefill does
+
+
+def decode_rows(model, ids: Tensor, pos: Tensor, live: Tensor, cache: KVCache) -> Tensor:
+    """ids, pos, live (R, 1) -> logits (R, V); rows with live 0 write to the hidden slot."""
+    return model.logits(ids, pos, live, cache)[:, -1]
+
+
+class Engine:
+    def __init__(
+        self,
+        load: Callable[[], DecoderLM],
+        texts: Callable[[int], Texts],
+        *,
+        slots: int = 8,
+        max_queue: int = 64,
+        request_timeout: float = 600.0,
+        compile: bool = False,
+    ) -> None:
+        for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"{name}={value!r}: must be an integer >= {lo}")
+        if not request_timeout > 0:
+            raise ValueError(f"request_timeout={request_timeout!r}: must be > 0 seconds")
+        self.load, self.make_texts = load, texts
+        self.slots, self.max_queue, self.request_timeout, self.compile = slots, max_queue, request_timeout, compile
+        self.metrics = Metrics()
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.rows: list[Job | None] = [None] * slots
+        self.wake = threading.Condition()
+        self.ready = False
+        self.error: BaseException | None = None  # why the thread died
+        self.stopping = False
+        self.texts: Texts | None = None
+        self.context = 0  # prompt + new tokens a request may use (the model's max_seq_len)
+        self.thread = threading.Thread(target=self.run, name="torchformer-engine", daemon=True)
+
+    # --- the app's side (any thread) ------------------------------------------------------
+    def start(self) -> Engine:
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self.wake:
+            self.stopping = True
+            self.wake.notify_all()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready and self.error is None and self.thread.is_alive()
+
+    @property
+    def running(self) -> int:
+        return sum(job is not None for job in self.rows)
+
+    def submit(self, prompt: list[int], params: Params, sink: Callable[[Event], None]) -> Job:
+        """Queue a request (prompt ids), or raise the APIError that answers it."""
+        if not self.healthy:
+            why = "the model is still loading" if self.error is None else f"the engine stopped: {self.error!r}"
+            raise APIError(503, f"not ready: {why}", type="server_error", code="not_ready")
+        max_tokens = self.context - len(prompt) if params.max_tokens is None else params.max_tokens
+        if max_tokens < 1 or len(prompt) + max_tokens > self.context:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.context} tokens. However, you requested "
+                f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the prompt, "
+                f"{max(max_tokens, 1)} for the completion). Please reduce the prompt or max_tokens.",
+                param="messages" if params.max_tokens is None else "max_tokens",
+                code="context_length_exceeded",
+            )
+        job = Job(prompt, params, max_tokens, sink, self.texts, self.request_timeout)
+        with self.wake:
+            if len(self.waiting) >= self.max_queue:
+                raise APIError(
+                    429,
+                    f"the queue is full ({self.max_queue} waiting requests): retry later",
+                    type="rate_limit_error",
+                    code="queue_full",
+                )
+            self.waiting.append(job)
+            self.wake.notify_all()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: the row is freed at the start of the next step."""
+        job.cancelled = True
+        with self.wake:
+            self.wake.notify_all()
+
+    # --- the engine thread ----------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self.model = self.load()
+                if not isinstance(self.model, DecoderLM):
+                    raise ValueError(f"serve needs a decoder-only model, got {type(self.model).__name__}")
+                cfg = self.model.config
+                self.context, self.device = cfg.max_seq_len, self.model.lm_head.weight.device
+                self.eos = frozenset([] if cfg.eos_token_id is None else [cfg.eos_token_id])
+                self.texts = self.make_texts(cfg.vocab_size)
+                self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
+                self.step_fn = (
+                    torch.compile(decode_rows, dynamic=False, fullgraph=True) if self.compile else decode_rows
+                )
+                self.ready = True
+                log.info("engine ready: %d slots, context %d", self.slots, self.context)
+                while not self.stopping:
+                    self.drop()
+                    self.admit()
+                    if self.running:
+                        self.step()
+                    else:
+                        with self.wake:
+                            if not self.waiting and not self.stopping:
+                                self.wake.wait(0.5)
+        except BaseException as err:  # noqa: BLE001 - any death is reported by /health and to the requests
+            self.error = err
+            log.exception("the serving engine died")
+        finally:
+            self.fail_all(APIError(500, f"the serving engine stopped: {self.error!r}", type="server_error"))
+
+    def fail_all(self, error: APIError) -> None:
+        with self.wake:
+            jobs = [*self.waiting, *(j for j in self.rows if j is not None)]
+            self.waiting.clear()
+        self.rows = [None] * self.slots
+        for job in jobs:
+            job.fail(error, self.metrics)
+
+    def free(self, job: Job) -> None:
+        self.rows[job.row] = None
+
+    def drop(self) -> None:
+        """Cancelled rows are freed silently; rows past their deadline end with "length"."""
+        now = time.monotonic()
+        for job in [j for j in self.rows if j is not None]:
+            if job.cancelled:
+                self.metrics.finish("cancelled")
+                self.free(job)
+            elif now > job.deadline:
+                job.finish("length", self.metrics)
+                self.free(job)
+
+    def admit(self) -> None:
+        now = time.monotonic()
+        while None in self.rows:
+            with self.wake:
+                if not self.waiting:
+                    return
+                job = self.waiting.popleft()
+            if job.cancelled:
+                self.metrics.finish("cancelled")
+            elif now > job.deadline:
+                job.finish("length", self.metrics)  # timed out in the queue: no tokens
+            else:
+                self.prefill(job, self.rows.index(None))
+
+    def prefill(self, job: Job, row: int) -> None:
+        try:
+            job.start(row, self.texts.vocab_size, self.device)
+            logits = prefill_row(self.model, self.cache, row, job.prompt)
+            token = int(logits.argmax(-1) if job.fast else job.sample(logits))
+        except Exception as err:  # noqa: BLE001 - this request fails; the engine goes on
+            log.exception("prefill failed for request %s", job.id)
+            job.fail(APIError(500, f"the request failed inside the engine: {err!r}", type="server_error"), self.metrics)
+            return
+        self.rows[row] = job
+        if job.accept(token, self.eos, self.metrics):
+            self.free(job)
+
+    def step(self) -> None:
+        """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
+        jobs = [j for j in self.rows if j is not None]
+        ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in self.rows], device=self.device)  # (R, 1)
+        pos = torch.tensor([[0 if j is None else j.pos - 1] for j in self.rows], device=self.device)  # (R, 1)
+        live = torch.tensor([[j is not None] for j in self.rows], device=self.device)  # (R, 1)
+        try:
+            logits = self.step_fn(self.model, ids, pos, live, self.cache)  # (R, V)
+        except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
+            log.exception("decode step failed")
+            for job in jobs:
+                job.fail(APIError(500, f"the decode step failed: {err!r}", type="server_error"), self.metrics)
+                self.free(job)
+            return
+        tokens = logits.argmax(-1)  # (R,): the choice of every greedy row
+        failed = set()
+        for job in jobs:
+            if job.fast:
+                continue
+            try:
+                tokens[job.row] = job.sample(logits[job.row : job.row + 1])[0]
+            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
+                log.exception("sampling failed for request %s", job.id)
+                job.fail(APIError(500, f"sampling failed: {err!r}", type="server_error"), self.metrics)
+                self.free(job)
+                failed.add(job.id)
+        values = tokens.tolist()
+        for job in jobs:
+            if job.id not in failed and job.accept(values[job.row], self.eos, self.metrics):
+                self.free(job)

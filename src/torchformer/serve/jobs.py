@@ -1,0 +1,117 @@
+"""One request inside the engine: its prompt, its row's sampling state, and the events it emits.
+
+Sampling reuses generation/ unchanged: the row's logits (1, V) go through the same ``History``
+processors and ``choose`` as ``tfm.generate`` with batch 1, with the row's own generator seeded
+like generate's, so a request alone draws exactly the noise generate draws.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..generation.generate import History
+from ..generation.sampling import choose
+from .metrics import Metrics
+from .protocol import APIError, Params
+from .text import Texts, TextStream
+
+
+class Delta(NamedTuple):
+    text: str  # newly final text (may be empty while held back)
+    token_ids: list[int]
+
+
+class Done(NamedTuple):
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class Failed(NamedTuple):
+    error: APIError
+
+
+Event = Delta | Done | Failed
+
+
+class Job:
+    def __init__(
+        self,
+        prompt: list[int],
+        params: Params,
+        max_tokens: int,
+        sink: Callable[[Event], None],
+        texts: Texts,
+        timeout: float,
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.prompt, self.params, self.max_tokens, self.sink = prompt, params, max_tokens, sink
+        self.created = time.monotonic()
+        self.deadline = self.created + timeout
+        self.cancelled = False  # set by the app's thread; read by the engine at each step
+        self.text = TextStream(texts, params.stop)
+        self.tokens: list[int] = []
+        # Set when the job gets a row (engine thread only).
+        self.row: int | None = None
+        self.pos = 0  # position of the next input token
+        self.last_time = 0.0
+        self.generator: torch.Generator | None = None
+        self.history: History | None = None
+
+    @property
+    def fast(self) -> bool:
+        """Greedy with no history-reading processor: the batched argmax is this row's choice."""
+        s = self.params.sampling
+        return s.greedy and not s.needs_history
+
+    def start(self, row: int, vocab_size: int, device: torch.device) -> None:
+        self.row, self.pos = row, len(self.prompt)
+        s = self.params.sampling
+        if not s.greedy:
+            # No seed: a fresh one per request, never torch's global RNG (shared by all rows).
+            seed = random.randrange(2**63) if self.params.seed is None else self.params.seed
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+        if s.needs_history:
+            prompt = torch.tensor([self.prompt], device=device)  # (1, T)
+            self.history = History(prompt, None, self.max_tokens, vocab_size)
+
+    def sample(self, logits: Tensor) -> Tensor:
+        """logits (1, V) -> token (1,), exactly as generation.generate.decode does per step."""
+        s = self.params.sampling
+        logits = logits.float() if self.history is None else self.history.process(logits.float(), s)
+        tok = choose(logits, s, self.generator)
+        if self.history is not None:
+            self.history.add(tok)
+        return tok
+
+    def accept(self, token: int, eos: frozenset[int], metrics: Metrics) -> bool:
+        """Record a chosen token, emit its text; True when the request has finished."""
+        now = time.monotonic()
+        metrics.observe(metrics.inter_token if self.tokens else metrics.ttft, now - (self.last_time or self.created))
+        self.last_time = now
+        self.tokens.append(token)
+        self.pos += 1
+        text, stopped = self.text.add(token)
+        reason = "stop" if stopped or token in eos else "length" if len(self.tokens) >= self.max_tokens else None
+        if reason is not None:
+            text += self.text.flush()
+        self.sink(Delta(text, [token]))
+        if reason is not None:
+            self.finish(reason, metrics)
+        return reason is not None
+
+    def finish(self, reason: str, metrics: Metrics) -> None:
+        metrics.finish(reason)
+        metrics.tokens(len(self.prompt), len(self.tokens))
+        self.sink(Done(reason, len(self.prompt), len(self.tokens)))
+
+    def fail(self, error: APIError, metrics: Metrics) -> None:
+        metrics.finish("error")
+        self.sink(Failed(error))

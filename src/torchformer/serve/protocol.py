@@ -1,0 +1,190 @@
+"""OpenAI request bodies -> validated parameters, and the OpenAI error envelope.
+
+Every field of a request is either understood, accepted because it changes nothing we compute
+(``user``), or refused with a 400 naming it: a server that silently ignores ``n=3`` or
+``logprobs=5`` returns something the caller did not ask for. Extensions beyond the OpenAI API
+(``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``) are the same ones vLLM takes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..generation.request import sampling_options
+from ..generation.sampling import Sampling
+
+MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def envelope(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, f"{param}: {message}", param=param, code=code)
+
+
+@dataclass(frozen=True)
+class Params:
+    """What the engine needs to run one request, validated."""
+
+    max_tokens: int | None  # None = the rest of the context
+    sampling: Sampling
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    return_token_ids: bool
+
+
+# Fields that change nothing we compute; everything not named anywhere is refused.
+HARMLESS = {"user", "metadata", "store", "service_tier"}
+# Fields OpenAI defines whose only value we support is the neutral one (anything else is a 400).
+NEUTRAL = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "parallel_tool_calls": (None, False, True),
+    "response_format": (None, {"type": "text"}),
+}
+SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop"}
+COMMON = {"model", "stream", "stream_options", "return_token_ids"} | SAMPLING
+COMPLETION_FIELDS = COMMON | {"prompt"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
+
+
+def check_fields(body, allowed: set[str]) -> None:
+    if not isinstance(body, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    for key, value in body.items():
+        if key in allowed or key in HARMLESS:
+            continue
+        if key in NEUTRAL:
+            if any(value == ok and type(value) is type(ok) for ok in NEUTRAL[key] if ok is not None) or value is None:
+                continue
+            raise bad(
+                key, f"{value!r} is not supported by this server (only {NEUTRAL[key][1:]!r})", "unsupported_value"
+            )
+        raise bad(key, f"unknown parameter; allowed: {sorted(allowed | HARMLESS)}", "unknown_parameter")
+
+
+def number(body: dict, key: str, default, lo: float, hi: float, integer: bool = False):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or not lo <= value <= hi:
+        kind = "an integer" if integer else "a number"
+        raise bad(key, f"{value!r} must be {kind} in [{lo}, {hi}]")
+    return value
+
+
+def stops(value) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items) or len(items) > MAX_STOP:
+        raise bad("stop", f"{value!r} must be a non-empty string or a list of at most {MAX_STOP} non-empty strings")
+    return tuple(items)
+
+
+def params(body: dict, max_tokens_key: str, default_max_tokens: int | None) -> Params:
+    """The sampling/limit fields shared by both endpoints (after ``check_fields``)."""
+    max_tokens = number(body, max_tokens_key, default_max_tokens, 1, 2**31, integer=True)
+    temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise bad("top_p", "0 keeps no token: use a value in (0, 1]")
+    top_k = number(body, "top_k", None, -1, 2**31, integer=True)
+    top_k = None if top_k in (None, -1, 0) else top_k  # vLLM spells "off" as -1 (and 0)
+    min_p = number(body, "min_p", None, 0.0, 1.0)
+    min_p = None if min_p == 0 else min_p
+    repetition_penalty = number(body, "repetition_penalty", 1.0, 1e-6, 100.0)
+    seed = number(body, "seed", None, 0, 2**63 - 1, integer=True)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad("stream", f"{stream!r} must be true or false")
+    options = body.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_usage"}):
+        raise bad("stream_options", f"{options!r}: only {{'include_usage': bool}}, and only with stream=true")
+    include_usage = bool((options or {}).get("include_usage", False))
+    token_ids = body.get("return_token_ids", False)
+    if not isinstance(token_ids, bool):
+        raise bad("return_token_ids", f"{token_ids!r} must be true or false")
+    sampling = sampling_options(temperature, top_k, None if top_p == 1.0 else top_p, min_p, repetition_penalty, 0)
+    return Params(max_tokens, sampling, seed, stops(body.get("stop")), stream, include_usage, token_ids)
+
+
+def check_model_name(body: dict, served: str) -> None:
+    """Requests name the served model by its id; they cannot point the server at another path."""
+    name = body.get("model")
+    if not isinstance(name, str) or not name:
+        raise bad("model", f"{name!r}: required, the id of the served model ({served!r})")
+    if name != served:
+        raise APIError(
+            404,
+            f"model {name!r} is not served here; this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def completion_request(body, served: str) -> tuple[str | list[int], Params]:
+    check_fields(body, COMPLETION_FIELDS)
+    check_model_name(body, served)
+    prompt = body.get("prompt")
+    # OpenAI allows a batch of prompts; with n = 1 only one prompt per request is served.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    is_ids = isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
+    if not (isinstance(prompt, str) and prompt) and not is_ids:
+        raise bad("prompt", "must be a non-empty string or a non-empty list of token ids (one prompt per request)")
+    return prompt, params(body, "max_tokens", 16)  # 16: OpenAI's default for completions
+
+
+def chat_request(body, served: str) -> tuple[list[dict], Params]:
+    check_fields(body, CHAT_FIELDS)
+    check_model_name(body, served)
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise bad("max_tokens", "give max_tokens or max_completion_tokens, not both")
+    key = "max_tokens" if body.get("max_completion_tokens") is None else "max_completion_tokens"
+    return messages(body.get("messages")), params(body, key, None)
+
+
+def messages(value) -> list[dict]:
+    """Messages as the template sees them: role and text content (text parts are joined)."""
+    if not isinstance(value, list) or not value:
+        raise bad("messages", "must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or set(m) - {"role", "content", "name"}:
+            raise bad(f"messages[{i}]", f"{m!r} must be an object with role, content (and optionally name)")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
+                raise bad(f"messages[{i}].content", "only text parts ({'type': 'text', 'text': ...}) are supported")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise bad(f"messages[{i}].content", f"{content!r} must be a string or a list of text parts")
+        out.append({**m, "content": content})
+    return out

@@ -1,0 +1,143 @@
+"""Fixtures for the server tests: a tiny decoder saved with a byte-level BPE tokenizer and a chat
+template, an engine over it, and uvicorn on 127.0.0.1 at a free port in a background thread that
+every test using it stops (finally), so no test leaves a thread, process or port behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+import pytest
+import torch
+
+import torchformer as tfm
+from torchformer.serve.app import create_app
+from torchformer.serve.chat import load_chat_template
+from torchformer.serve.engine import Engine
+from torchformer.serve.text import Texts
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+CORPUS = ["the quick brown fox jumps over the lazy dog. héllo wörld, naïve café! 0123456789 "] * 40
+NAME = "tiny"
+
+
+def train_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|eos|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=320, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return tok
+
+
+def tiny_config(vocab_size: int) -> tfm.ModelConfig:
+    return tfm.ModelConfig(
+        arch="decoder",
+        vocab_size=vocab_size,
+        d_model=32,
+        n_layers=2,
+        max_seq_len=96,
+        attention=tfm.AttentionConfig(n_heads=4, n_kv_heads=2),
+        block=tfm.BlockConfig(norm="rmsnorm", mlp="swiglu"),
+        positions=tfm.RoPE(),
+    )
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """A saved tiny model with tokenizer.json and tokenizer_config.json (with a chat template)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    tok = train_tokenizer()
+    torch.manual_seed(0)
+    model = tfm.build_model(tiny_config(tok.get_vocab_size())).eval()
+    with torch.no_grad():  # sharper attention than init, so the prompt matters to the output
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.normal_(std=0.3)
+    tfm.save(model, folder)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"chat_template": CHAT_TEMPLATE, "eos_token": "<|eos|>", "bos_token": ""}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny(model_dir):
+    return tfm.load(model_dir).eval()
+
+
+def wait_until(check, timeout: float = 10.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def make_engine(model, tokenizer=None, **options) -> Engine:
+    engine = Engine(lambda: model, lambda vocab: Texts(tokenizer, vocab), **options).start()
+    wait_until(lambda: engine.healthy or engine.error is not None, what="the engine to load")
+    return engine
+
+
+class Running:
+    """uvicorn serving ``app`` on 127.0.0.1 at a free port, in a thread."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_until(lambda: self.server.started or not self.thread.is_alive(), what="uvicorn to start")
+        assert self.server.started, "uvicorn did not start"
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive(), "uvicorn did not stop"
+
+
+@contextlib.contextmanager
+def serving(model_dir, model, *, api_key=None, max_body_bytes=1 << 20, **engine_options):
+    """(engine, base url) for a server over ``model``; always stopped on exit."""
+    tokenizer = tfm.load_tokenizer(model_dir)
+    engine = make_engine(model, tokenizer, **engine_options)
+    running = None
+    try:
+        app = create_app(engine, NAME, load_chat_template(model_dir), api_key=api_key, max_body_bytes=max_body_bytes)
+        running = Running(app)
+        yield engine, running.url
+    finally:
+        if running is not None:
+            running.stop()
+        engine.stop()
+        assert not engine.thread.is_alive(), "the engine thread did not stop"
+
+
+def client(url: str, **kwargs):
+    import openai
+
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0, timeout=30, **kwargs
+    )
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tiny):
+    with serving(model_dir, tiny, slots=4, max_queue=16) as (engine, url):
+        yield engine, url

@@ -1,0 +1,256 @@
+"""The engine against tfm.generate: a request served among others (staggered arrivals, rows
+reused without clearing, a cancellation in between) gives exactly the tokens generate gives
+for the same prompt, settings and seed, over the decoder rows of the variant grid."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import torchformer as tfm
+from tests.grid import build, params, variants
+from tests.serve.conftest import make_engine, wait_until
+from torchformer.generation.request import sampling_options
+from torchformer.serve.jobs import Delta, Done, Failed
+from torchformer.serve.protocol import APIError, Params
+
+GRID = variants(("decoder",))
+
+
+def options(max_tokens, temperature=0.0, seed=None, stop=(), **sampling) -> Params:
+    s = sampling_options(
+        temperature,
+        sampling.get("top_k"),
+        sampling.get("top_p"),
+        sampling.get("min_p"),
+        sampling.get("repetition_penalty", 1.0),
+        0,
+    )
+    return Params(max_tokens, s, seed, tuple(stop), False, False, False)
+
+
+class Collect:
+    """A sink: the events of one request, and an Event set when it has ended."""
+
+    def __init__(self) -> None:
+        self.events, self.ended = [], threading.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        if isinstance(event, Done | Failed):
+            self.ended.set()
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for e in self.events if isinstance(e, Delta) for t in e.token_ids]
+
+    @property
+    def end(self):
+        return self.events[-1]
+
+
+# (prompt length, max_tokens, sampling): greedy, seeded sampling with each processor.
+REQUESTS = [
+    (5, 14, {}),
+    (9, 10, {"temperature": 0.9, "seed": 1, "top_k": 7}),
+    (3, 30, {"repetition_penalty": 1.3}),  # cancelled at step 4
+    (12, 16, {"temperature": 0.8, "seed": 7, "top_p": 0.9}),
+    (20, 12, {"temperature": 1.1, "seed": 3, "min_p": 0.05, "repetition_penalty": 1.2}),
+    (7, 9, {}),
+]
+# step -> requests submitted before that decode step (0 = before the first); slots = 3.
+ARRIVALS = {0: [0, 1], 2: [2, 3], 6: [4], 9: [5]}
+CANCEL_AT = {4: 2}
+
+
+def generate_alone(model, prompt, n, sampling) -> list[int]:
+    out = tfm.generate(model, torch.tensor([prompt]), max_new_tokens=n, **sampling)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("v", **params(GRID))
+def test_served_equals_generate_with_staggered_arrivals_reuse_and_cancellation(v):
+    model = build(v, seed=3)
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, model.config.vocab_size, (t,), generator=g).tolist() for t, _, _ in REQUESTS]
+    engine = make_engine(model, slots=3)
+    sinks = [Collect() for _ in REQUESTS]
+    jobs, live_rows, admitted = {}, [], []
+    try:
+        step, inner = [0], engine.step_fn
+
+        def submit(i):
+            n, sampling = REQUESTS[i][1], REQUESTS[i][2]
+            jobs[i] = engine.submit(prompts[i], options(n, **sampling), sinks[i])
+
+        def hooked(m, ids, pos, live, cache):  # runs on the engine thread, before each decode step
+            for i in ARRIVALS.get(step[0], []) if step[0] else []:  # step 0's are submitted below
+                submit(i)
+            if step[0] in CANCEL_AT:
+                engine.cancel(jobs[CANCEL_AT[step[0]]])
+            live_rows.append(int(live.sum()))
+            admitted.append({i: j.row for i, j in jobs.items()})
+            step[0] += 1
+            return inner(m, ids, pos, live, cache)
+
+        engine.step_fn = hooked
+        for i in ARRIVALS[0]:
+            submit(i)
+        for i, sink in enumerate(sinks):
+            if i != CANCEL_AT[4]:
+                assert sink.ended.wait(30), f"request {i} did not finish"
+        wait_until(lambda: engine.running == 0, what="all rows free")
+    finally:
+        engine.stop()
+    assert engine.error is None
+    assert max(live_rows) == 3 and min(live_rows) >= 1, "requests must have shared decode steps"
+    rows = [admitted[-1][i] for i in range(len(REQUESTS))]
+    assert len(set(rows)) < len(REQUESTS), "some row must have been reused"
+    cancelled = sinks[CANCEL_AT[4]]
+    assert 0 < len(cancelled.tokens) < REQUESTS[2][1], "the cancelled request was running when cancelled"
+    assert not any(isinstance(e, Done | Failed) for e in cancelled.events)
+    assert rows[3] == rows[2], "the waiting request takes the cancelled request's row"
+    for i, (_, n, sampling) in enumerate(REQUESTS):
+        if i == CANCEL_AT[4]:
+            continue
+        assert sinks[i].tokens == generate_alone(model, prompts[i], n, sampling), f"request {i} ({sampling})"
+        assert sinks[i].end == Done("length", len(prompts[i]), n)
+
+
+def test_eos_stops_with_finish_reason_stop(tiny):
+    prompt = [5, 6, 7]
+    greedy = generate_alone(tiny, prompt, 6, {})
+    eos = greedy[3]
+    cfg = tiny.config.replace(eos_token_id=eos)
+    model = tfm.build_model(cfg).eval()
+    model.load_state_dict(tiny.state_dict())
+    engine = make_engine(model, slots=2)
+    try:
+        sink = Collect()
+        engine.submit(prompt, options(6), sink)
+        assert sink.ended.wait(10)
+    finally:
+        engine.stop()
+    first = greedy.index(eos)
+    assert sink.tokens == greedy[: first + 1]
+    assert sink.end == Done("stop", 3, first + 1)
+
+
+def test_context_length_and_queue_limits(tiny):
+    engine = make_engine(tiny, slots=1, max_queue=1)
+    try:
+        with pytest.raises(APIError) as err:
+            engine.submit([1] * 90, options(10), Collect())
+        assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+        assert "96" in err.value.message and "100" in err.value.message  # the context and the request
+        release, blocked = threading.Event(), threading.Event()
+        inner = engine.step_fn
+
+        def held(*args):  # keep the one row busy until the test says so
+            blocked.set()
+            release.wait(10)
+            return inner(*args)
+
+        engine.step_fn = held
+        first = Collect()
+        engine.submit([1, 2], options(3), first)
+        assert blocked.wait(10)
+        engine.submit([1, 2], options(3), Collect())  # waits: the queue holds one
+        with pytest.raises(APIError) as err:
+            engine.submit([1, 2], options(3), Collect())
+        assert err.value.status == 429 and err.value.code == "queue_full"
+        release.set()
+        assert first.ended.wait(10)
+    finally:
+        release.set()
+        engine.stop()
+
+
+def test_request_timeout_ends_with_length(tiny):
+    engine = make_engine(tiny, slots=1, request_timeout=0.3)
+    try:
+        inner = engine.step_fn
+        engine.step_fn = lambda *a: (threading.Event().wait(0.05), inner(*a))[1]  # 50 ms per step
+        sink = Collect()
+        engine.submit([1, 2, 3], options(80), sink)
+        assert sink.ended.wait(10)
+    finally:
+        engine.stop()
+    assert sink.end.finish_reason == "length" and 1 <= sink.end.completion_tokens < 80
+
+
+def test_sampling_error_fails_only_that_request(tiny, monkeypatch):
+    import torchformer.serve.jobs as jobs
+
+    real = jobs.choose
+
+    def choose(logits, s, generator):
+        if s.top_k == 13:  # the poisoned request
+            raise RuntimeError("boom in sampling")
+        return real(logits, s, generator)
+
+    monkeypatch.setattr(jobs, "choose", choose)
+    engine = make_engine(tiny, slots=2)
+    try:
+        bad, good = Collect(), Collect()
+        engine.submit([1, 2], options(5, temperature=1.0, seed=0, top_k=13), bad)
+        engine.submit([1, 2], options(5, temperature=1.0, seed=0, top_k=12), good)
+        assert bad.ended.wait(10) and good.ended.wait(10)
+        assert isinstance(bad.end, Failed) and bad.end.error.status == 500 and "boom" in bad.end.error.message
+        assert good.tokens == generate_alone(tiny, [1, 2], 5, {"temperature": 1.0, "seed": 0, "top_k": 12})
+        assert engine.healthy  # it survived
+    finally:
+        engine.stop()
+
+
+def test_engine_death_is_reported_and_fails_waiting_requests(tiny):
+    engine = make_engine(tiny, slots=1)
+    try:
+
+        def die():
+            raise SystemError("the engine thread itself breaks")
+
+        release = threading.Event()
+        engine.step_fn = lambda *a: (release.wait(10), die())
+        first, second = Collect(), Collect()
+        engine.submit([1], options(4), first)
+        engine.submit([1], options(4), second)
+        engine.admit = die  # the loop's own code fails, outside any per-request guard
+        release.set()
+        assert first.ended.wait(10) and second.ended.wait(10)
+        wait_until(lambda: not engine.thread.is_alive(), what="the engine thread to die")
+    finally:
+        engine.stop()
+    assert not engine.healthy and isinstance(engine.error, SystemError)
+    assert isinstance(first.end, Failed) and first.end.error.status == 500
+    assert isinstance(second.end, Failed) and second.end.error.status == 500
+    with pytest.raises(APIError) as err:
+        engine.submit([1], options(4), Collect())
+    assert err.value.status == 503
+
+
+def test_loading_is_not_healthy(tiny):
+    from torchformer.serve.engine import Engine
+    from torchformer.serve.text import Texts
+
+    loaded = threading.Event()
+    engine = Engine(lambda: (loaded.wait(10), tiny)[1], lambda vocab: Texts(None, vocab)).start()
+    try:
+        assert not engine.healthy
+        with pytest.raises(APIError) as err:
+            engine.submit([1], options(2), Collect())
+        assert err.value.status == 503 and "loading" in err.value.message
+        loaded.set()
+        wait_until(lambda: engine.healthy, what="the engine to load")
+    finally:
+        loaded.set()
+        engine.stop()
+
+
+def test_engine_arguments_are_checked():
+    with pytest.raises(ValueError, match="slots=0"):
+        make_engine(None, slots=0)
+    with pytest.raises(ValueError, match="request_timeout"):
+        make_engine(None, request_timeout=0)
