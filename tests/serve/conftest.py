@@ -132,9 +132,8 @@ def serving(model_dir, model, *, api_key=None, max_body_bytes=1 << 20, **engine_
 def client(url: str, **kwargs):
     import openai
 
-    return openai.OpenAI(
-        base_url=f"{url}/v1", api_key=kwargs.pop("api_key", "none"), max_retries=0, timeout=30, **kwargs
-    )
+    options = {"api_key": "none", "max_retries": 0, "timeout": 30, **kwargs}
+    return openai.OpenAI(base_url=f"{url}/v1", **options)
 
 
 @pytest.fixture(scope="module")
