@@ -1,0 +1,95 @@
+"""`torchformer serve` as a user runs it: a subprocess on 127.0.0.1 port 0 (the port is read from
+uvicorn's log), /health until ready, one completion with the openai client, then terminated
+(killed if it does not stop) so no process or port is left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import httpx2 as httpx
+import pytest
+
+from tests.serve.conftest import client
+
+pytestmark = pytest.mark.slow
+
+
+def start(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchformer.cli.main", "serve", *args, "--port", "0", "--log-level", "info"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines
+
+
+def port_of(proc, lines, timeout=60.0) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and proc.poll() is None:
+        for line in list(lines):
+            found = re.search(r"running on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                return int(found.group(1))
+        time.sleep(0.05)
+    raise AssertionError("the server did not start:\n" + "".join(lines))
+
+
+def stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+def test_serve_a_checkpoint_folder(model_dir):
+    proc, lines = start([str(model_dir), "--slots", "2", "--served-model-name", "mine", "--api-key", "k"])
+    try:
+        url = f"http://127.0.0.1:{port_of(proc, lines)}"
+        end = time.monotonic() + 60
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < end and proc.poll() is None, "".join(lines)
+            time.sleep(0.05)
+        out = client(url, api_key="k").chat.completions.create(
+            model="mine", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+        assert out.usage.completion_tokens == 3
+    finally:
+        stop(proc)
+    assert proc.returncode is not None
+
+
+def test_serve_a_preset_says_token_ids_only():
+    proc, lines = start(["llama-tiny", "--slots", "1"])
+    try:
+        url = f"http://127.0.0.1:{port_of(proc, lines)}"
+        end = time.monotonic() + 60
+        while httpx.get(f"{url}/health").status_code != 200:
+            assert time.monotonic() < end and proc.poll() is None, "".join(lines)
+            time.sleep(0.05)
+        out = client(url).completions.create(model="llama-tiny", prompt=[1, 2, 3], max_tokens=2, temperature=0)
+        assert len(out.choices[0].text.split()) == 2
+    finally:
+        stop(proc)
+    assert any("token ids only" in line for line in lines)
+
+
+def test_bad_model_is_a_clear_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "torchformer.cli.main", "serve", "no-such-model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "neither a folder" in result.stderr
