@@ -1,4 +1,4 @@
-"""Looking inside models: attention capture, head statistics, plots and cost accounting."""
+"""Looking inside models: attention capture, head statistics, plots, the HTML explorer and cost accounting."""
 
 from .accounting import (
     activation_bytes,
@@ -10,16 +10,19 @@ from .accounting import (
     param_breakdown,
     training_bytes,
 )
-from .plots import ascii_attention, plot_attention
+from .html import AttentionHTML, to_html
+from .plots import ascii_attention, attention_figure, plot_attention
 from .record import Capture, Recording, record_attention
 from .stats import HeadStats, head_stats
 
 __all__ = [
+    "AttentionHTML",
     "Capture",
     "HeadStats",
     "Recording",
     "activation_bytes",
     "ascii_attention",
+    "attention_figure",
     "count_params",
     "flops_per_token",
     "head_stats",
@@ -29,5 +32,6 @@ __all__ = [
     "param_breakdown",
     "plot_attention",
     "record_attention",
+    "to_html",
     "training_bytes",
 ]

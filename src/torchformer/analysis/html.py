@@ -54,15 +54,14 @@ class AttentionHTML:
         return f'<iframe srcdoc="{doc}" style="width:100%;height:720px;border:0"></iframe>'
 
 
-def _mask_row(mask: Tensor | Sequence[int] | None, name: str, n: int, batch_index: int) -> Tensor | None:
-    """The batch row of a (B, n) or (n,) 1/0 mask as a bool (n,) tensor, checked."""
+def _mask_row(mask: Tensor | Sequence[int] | None, name: str, B: int, n: int, batch_index: int) -> Tensor | None:
+    """The 1/0 mask of row ``batch_index`` (given as (n,) or as the batch's (B, n)) as bool (n,)."""
     if mask is None:
         return None
     m = torch.as_tensor(mask)
-    m = m[None] if m.dim() == 1 else m
-    if m.dim() != 2 or m.shape[1] != n or not 0 <= batch_index < m.shape[0]:
-        raise ValueError(f"{name} has shape {tuple(m.shape)}; expected (B, {n}) or ({n},) with row {batch_index}")
-    row = m[batch_index].bool()
+    if m.shape != (n,) and m.shape != (B, n):
+        raise ValueError(f"{name} has shape {tuple(m.shape)}; expected ({n},) or (B, {n}) = {(B, n)}")
+    row = (m if m.dim() == 1 else m[batch_index]).bool()
     if not row.any():
         raise ValueError(f"{name} row {batch_index} marks no real token")
     return row
@@ -135,23 +134,24 @@ def to_html(
 ) -> AttentionHTML:
     """The explorer for the latest call of every recorded module, one row ``batch_index``.
 
-    tokens label the input (the source of an encoder-decoder); target_tokens the decoder input of
-    an encoder-decoder (default: tokens). mask / target_mask (B, T) or (T,): 1 real, 0 padding;
+    tokens label row ``batch_index`` of the input (the source of an encoder-decoder); target_tokens
+    the decoder input of an encoder-decoder (default: tokens). mask / target_mask (B, T) or (T,): 1 real, 0 padding;
     padded positions are not drawn. heads: a subset of heads to show (default all).
     """
     if not isinstance(recording, Recording):
         raise TypeError(f"recording must be a Recording from record_attention, got {type(recording).__name__}")
     if not recording.captures:
         raise ValueError("recording has no captures: run the model inside `with record_attention(model) as rec:`")
-    if not isinstance(batch_index, int) or batch_index < 0:
-        raise ValueError(f"batch_index={batch_index!r}: must be an int >= 0")
+    B = recording.captures[0].weights.shape[0]
+    if not isinstance(batch_index, int) or not 0 <= batch_index < B:
+        raise ValueError(f"batch_index={batch_index!r}: must be an int in [0, {B}) (the recorded batch)")
     src = _check_tokens(tokens, "tokens")
     tgt = _check_tokens(target_tokens, "target_tokens") or src
     known = {(c.stack, c.kind) for c in recording.captures}
     if not known <= set(GROUPS):
         raise ValueError(f"recording holds (stack, kind) {sorted(known)}; the explorer draws {list(GROUPS)}")
-    src_mask = _mask_row(mask, "mask", len(src), batch_index)
-    tgt_mask = src_mask if target_tokens is None else _mask_row(target_mask, "target_mask", len(tgt), batch_index)
+    src_mask = _mask_row(mask, "mask", B, len(src), batch_index)
+    tgt_mask = src_mask if target_tokens is None else _mask_row(target_mask, "target_mask", B, len(tgt), batch_index)
     groups = []
     for (stack, kind), heading in GROUPS.items():
         caps = recording.select(kind=kind, stack=stack)

@@ -146,6 +146,11 @@ def plot_attention(
         mask=mask,
         cell=cell,
     )
+    return save_png(fig, path)
+
+
+def save_png(fig, path: str | os.PathLike) -> Path:
+    """Render ``fig`` to PNG bytes, close it, then write the file atomically."""
     buffer = io.BytesIO()
     try:
         fig.savefig(buffer, format="png", dpi=DPI)

@@ -1,4 +1,5 @@
-"""`torchformer attention`: where a model looks, as a head-statistics table, an ASCII map and a PNG."""
+"""`torchformer attention`: where a model looks, as a head-statistics table, an ASCII map, a PNG
+grid and a self-contained interactive HTML explorer."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     text.add_argument("--ids", help="input token ids, comma-separated (when there is no tokenizer)")
     p.add_argument("--target", help="encoder-decoder: decoder input text (default: the same as --text)")
     p.add_argument("--layer", type=int, default=None, help="only this block (default: all)")
+    p.add_argument("--layers", default=None, help="only these blocks, comma-separated, e.g. 0,2 (default: all)")
     p.add_argument("--head", type=int, default=None, help="the head shown as ASCII (default 0); with --out only it")
+    p.add_argument("--heads", default=None, help="only these heads in the PNG and HTML, comma-separated")
     p.add_argument(
         "--kind",
         choices=list(STACKS),
@@ -29,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="self-attention (default), or for encoder-decoders cross (decoder over source) or encoder",
     )
     p.add_argument("--out", default=None, help="write a layer x head grid of heatmaps to this PNG")
+    p.add_argument("--html", default=None, help="write the interactive explorer (one offline HTML file) here")
     p.add_argument("--seed", type=int, default=0, help="weights seed for a preset (random weights)")
 
 
@@ -58,28 +62,55 @@ def encode(spec: str, text: str | None, ids: str | None, vocab_size: int) -> tup
     return out, labels
 
 
-def capture(model, ids: list[int], target: list[int] | None, layer: int | None):
+def int_list(option: str, text: str | None) -> list[int] | None:
+    """--layers / --heads: comma-separated integers."""
+    if text is None:
+        return None
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as err:
+        raise ValueError(f"{option}={text!r}: must be comma-separated integers such as 0,2") from err
+    if not out:
+        raise ValueError(f"{option}={text!r}: give at least one index")
+    return out
+
+
+def capture(model, ids: list[int], target: list[int] | None, layers: list[int] | None):
     from ..analysis import record_attention
 
     x = torch.tensor([ids])
-    layers = None if layer is None else [layer]
     with torch.no_grad(), record_attention(model, layers=layers) as rec:
         if model.config.arch == "encoder_decoder":
             model(x, torch.tensor([target]))
         else:
             model(x)
+    if not rec.captures:
+        # Recording swaps each Attention module's backend for the math reference; a model whose
+        # attention never calls its backend attribute (a fused or compiled path) records nothing.
+        raise ValueError(f"{type(model).__name__}: its attention backend cannot be recorded (no weights captured)")
     return rec
 
 
 def check(args: argparse.Namespace, cfg) -> None:
-    """Argument errors, from the config alone, before any weights are loaded."""
+    """Argument errors, from the config alone, before any weights are loaded or files written."""
     if args.kind != "self" and cfg.arch != "encoder_decoder":
         raise ValueError(f"--kind {args.kind} needs an encoder-decoder; this model is a {cfg.arch}")
-    layers = cfg.n_layers if args.kind == "encoder" else cfg.decoder_layers
-    if args.layer is not None and not 0 <= args.layer < layers:
-        raise ValueError(f"--layer={args.layer}: must be in [0, {layers})")
-    if args.head is not None and not 0 <= args.head < cfg.attention.n_heads:
-        raise ValueError(f"--head={args.head}: must be in [0, {cfg.attention.n_heads})")
+    n = cfg.n_layers if args.kind == "encoder" else cfg.decoder_layers
+    if args.layer is not None and not 0 <= args.layer < n:
+        raise ValueError(f"--layer={args.layer}: must be in [0, {n})")
+    bad = [i for i in int_list("--layers", args.layers) or [] if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"--layers={args.layers}: {bad} outside the model's blocks [0, {n})")
+    H = cfg.attention.n_heads
+    if args.head is not None and not 0 <= args.head < H:
+        raise ValueError(f"--head={args.head}: must be in [0, {H})")
+    bad = [h for h in int_list("--heads", args.heads) or [] if not 0 <= h < H]
+    if bad:
+        raise ValueError(f"--heads={args.heads}: {bad} outside the model's heads [0, {H})")
+    for option in ("out", "html"):
+        path = getattr(args, option)
+        if path is not None and Path(path).is_dir():
+            raise ValueError(f"--{option}={path}: is a directory; give a file name")
 
 
 def print_stats(captures) -> None:
@@ -97,11 +128,13 @@ def run(args: argparse.Namespace) -> int:
     MODEL is a checkpoint, a Hugging Face folder or a preset (random weights). Entropy is in
     nats (ln of the number of keys for a uniform head), max is the mean largest weight, distance
     is the mean sum_j a_ij |i - j| in tokens. Encoder-decoders: --text is the source, --target
-    the decoder input; --kind self (decoder), cross (decoder over the source) or encoder.
+    the decoder input; --kind self (decoder), cross (decoder over the source) or encoder picks
+    what the table, ASCII map and PNG show; the HTML explorer shows every kind.
 
-    torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png
+    torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png --html attn.html
     """
-    from ..analysis import ascii_attention, plot_attention
+    from ..analysis import ascii_attention, attention_figure, to_html
+    from ..analysis.plots import save_png
     from ..loading import load_any
     from .plan import config_of
 
@@ -113,20 +146,28 @@ def run(args: argparse.Namespace) -> int:
         target, t_labels = encode(args.model, args.target, None, cfg.vocab_size)
     if max(len(ids), len(target)) > cfg.max_seq_len:
         raise ValueError(f"the input has {max(len(ids), len(target))} tokens > max_seq_len={cfg.max_seq_len}")
-    rec = capture(load_any(args.model, seed=args.seed), ids, target, args.layer)
+    layers = [args.layer] if args.layer is not None else int_list("--layers", args.layers)
+    heads = [args.head] if args.head is not None else int_list("--heads", args.heads)
+    rec = capture(load_any(args.model, seed=args.seed), ids, target, layers)
     two_sided = cfg.arch == "encoder_decoder"
     caps = rec.select(kind="cross" if args.kind == "cross" else "self", stack=STACKS[args.kind] if two_sided else None)
     q_labels = t_labels if two_sided and args.kind != "encoder" else labels
     k_labels = labels if args.kind != "self" else q_labels
+    # Everything is drawn before anything is written: an error leaves no partial output.
+    figure = page = None
+    if args.out is not None:
+        figure = attention_figure(
+            [c.weights for c in caps], tokens=q_labels, key_tokens=k_labels, titles=[c.name for c in caps], heads=heads
+        )
+    if args.html is not None:
+        title = f"attention of {Path(args.model).name or args.model}"
+        page = to_html(rec, labels, target_tokens=t_labels if two_sided else None, heads=heads, title=title)
     print_stats(caps)
     head = args.head or 0
     print(f"\n{caps[0].name} head {head} (rows: queries, columns: keys; denser = more weight)")
     print(ascii_attention(caps[0].weights[0, head], q_labels, k_labels))
-    if args.out is not None:
-        heads = None if args.head is None else [args.head]
-        titles = [c.name for c in caps]
-        path = plot_attention(
-            [c.weights for c in caps], args.out, tokens=q_labels, key_tokens=k_labels, titles=titles, heads=heads
-        )
-        print(f"\nwrote {path}")
+    if figure is not None:
+        print(f"\nwrote {save_png(figure, args.out)}")
+    if page is not None:
+        print(f"wrote {page.save(args.html)} (open it in a browser; it needs no network)")
     return 0
