@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,bench
 
-.PHONY: install test demo lint bench clean
+.PHONY: install test demo lint bench clean browser
 
 install: $(STAMP)
 
@@ -16,8 +16,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest tests
+
+# The attention explorer's test opens its HTML in Debian's headless chromium (via chromium-driver);
+# installed only when missing. CI and the project's machines run as root with Debian's archive.
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	  else \
+	    echo "chromium missing: sudo apt-get install chromium chromium-driver (the browser test fails in CI without it)"; \
+	  fi; \
+	fi
 
 demo: $(STAMP)
 	$(BIN)/torchformer demo
