@@ -23,6 +23,7 @@ from .models.build import build_model
 from .models.decoder import DecoderLM
 from .models.encoder import Encoder
 from .models.encoder_decoder import EncoderDecoder
+from .models.quantize import quantize
 from .models.saving import load, save
 from .nn.kv_cache import KVCache
 from .verify import verify
@@ -53,6 +54,7 @@ __all__ = [
     "load_any",
     "load_tokenizer",
     "presets",
+    "quantize",
     "save",
     "to_hf",
     "verify",

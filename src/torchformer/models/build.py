@@ -30,6 +30,7 @@ from ..nn.positions import (
     rotate_interleaved,
     split_sin_cos,
 )
+from ..nn.quant import Int4Linear, Int8Linear
 from .stack import Embeddings, Stack, embed_scale
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
@@ -51,6 +52,7 @@ BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
 RESIDUALS = {"pre": pre_norm, "post": post_norm}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
+QUANT_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}  # tfm.quantize scheme -> module (weight-only)
 
 
 def absolute_positions(cfg: ModelConfig) -> nn.Module | None:

@@ -47,7 +47,8 @@ class DecoderLM(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:
         """A static cache for ``batch_size`` rows of up to ``max_len`` positions."""
-        return new_self_cache(self.config, self.lm_head.weight, len(self.stack.blocks), batch_size, max_len, dtype)
+        # dtype and device from the token table: the head may be quantized (integer weights).
+        return new_self_cache(self.config, self.embed.tok.weight, len(self.stack.blocks), batch_size, max_len, dtype)
 
 
 def new_self_cache(cfg: ModelConfig, like: Tensor, n_layers: int, batch_size: int, max_len, dtype) -> KVCache:

@@ -88,7 +88,8 @@ class EncoderDecoder(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> KVCache:
         """A static decoder cache; with ``memory``, the cross-attention K/V are computed once here."""
-        cache = new_self_cache(self.config, self.lm_head.weight, len(self.decoder.blocks), batch_size, max_len, dtype)
+        like = self.tgt_embed.tok.weight  # dtype and device; the head may be quantized (integer weights)
+        cache = new_self_cache(self.config, like, len(self.decoder.blocks), batch_size, max_len, dtype)
         if memory is not None:
             if memory.shape[0] != batch_size:
                 raise ValueError(f"memory has batch {memory.shape[0]} but batch_size={batch_size}")

@@ -1,31 +1,59 @@
-"""nn.Linear whose few-row products run as weight @ x^T.
+"""nn.Linear whose few-row products take the fastest route for where they run.
 
-y = x W^T + b is one matrix product either way round, but MKL's sgemm streams the weight much
-faster as (N, K) @ (K, rows) than as (rows, K) @ (K, N) when x has few rows, which is every
-decode step (rows = batch) and short prefills. Measured on this 2-core machine over the 43
-weight matrices of the decode benchmark's model (92 MB, fp32, best of 10 passes): 1 row equal,
-2 rows 2.3x, 8 rows 1.6x, 32 rows 1.2x, 64 rows 1.5x faster, 128 rows equal, 256 rows 0.8x;
-hence 2..FEW_ROWS = 64 rows take this path. Same numbers up to summation order (float round-off), same parameters and
-state-dict keys as nn.Linear, so checkpoints and interop key maps do not change.
+y = x W^T + b is one matrix product either way round; what differs is how fast the weight is
+streamed when x has few rows (every decode step, rows = batch; short prefills).
+
+Eager: MKL's sgemm streams the weight much faster as (N, K) @ (K, rows) than as
+(rows, K) @ (K, N). Measured on this 2-core machine over the 43 weight matrices of the decode
+benchmark's model (92 MB, fp32, best of 10 passes): 1 row equal, 2 rows 2.3x, 8 rows 1.6x,
+32 rows 1.2x, 64 rows 1.5x faster, 128 rows equal, 256 rows 0.8x; hence 2..FEW_ROWS = 64 rows
+take that path.
+
+Compiled (torch.compile, inductor): up to COMPILED_ROWS rows, the product is written as an
+elementwise multiply and a sum over the input dimension (``rowwise_product``). Inductor turns
+that into a vectorised reduction that streams fp32 weights at ~31 GB/s here, twice MKL's GEMV (FACTS.md;
+the gpt-fast observation that decoding is weight-bandwidth bound). The choice is made at trace
+time (``torch.compiler.is_compiling()`` is a constant while dynamo traces), so eager numerics are
+unchanged and a compiled graph holds exactly one formulation; fp32 sums differ from MKL's only by
+reassociation.
+
+Same parameters and state-dict keys as nn.Linear, so checkpoints and interop key maps do not change.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 FEW_ROWS = 64
+COMPILED_ROWS = 16  # decode steps up to batch 16 and speculative verification of k + 1 <= 16 tokens
+
+
+def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
+    """x2 (rows, K) against weight (N, K): one multiply + sum over K per row -> (rows, N).
+
+    The per-row reductions share their loop ranges and their weight operand, so inductor fuses
+    them into one loop nest that loads each weight vector once and accumulates every row beside
+    it. (Measured: 2-8 rows stream ~14-26 GB/s, against ~3-13 GB/s for one reduction over an
+    (N, rows, K) product, which re-reads the weight per row.) Shared with the quantized linears,
+    whose ``weight`` is an expression inductor fuses into the same loop: the int8 / int4
+    dequantisation never writes an fp32 weight to memory."""
+    return torch.stack([(weight * row.to(weight.dtype)).sum(-1) for row in x2.unbind(0)], dim=0)  # (rows, N)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N)."""
     rows = x.numel() // max(1, x.shape[-1])
-    if rows <= 1 or rows > FEW_ROWS:  # one row: both ways stream equally, F.linear has less overhead
+    if torch.compiler.is_compiling() and 1 <= rows <= COMPILED_ROWS:  # trace-time choice (module docstring)
+        out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
+    elif rows <= 1 or rows > FEW_ROWS:  # one row: both ways stream equally, F.linear has less overhead
         return F.linear(x, weight, bias)
-    out = (weight @ x.reshape(rows, -1).t()).t().contiguous()  # (N, K) @ (K, rows) -> (rows, N)
+    else:
+        out = (weight @ x.reshape(rows, -1).t()).t().contiguous()  # (N, K) @ (K, rows) -> (rows, N)
     if bias is not None:
         out = out + bias
-    return out.view(*x.shape[:-1], weight.shape[0])
+    return out.reshape(*x.shape[:-1], weight.shape[0])  # (..., N); a view when out is contiguous
 
 
 class Linear(nn.Linear):

@@ -1,0 +1,95 @@
+"""``tfm.quantize``: weight-only int8 / int4 for a built or loaded model, in place.
+
+Which modules: every projection in the blocks (q/k/v/o of self- and cross-attention, the MLP's
+up/gate/down) and, unless ``lm_head=False``, the output head. Embedding tables, norms and position
+tables stay as they are (they are a small share of the bytes a decode step reads and the
+embedding is read one row per token). A tied head gets its own quantized copy; the input table
+stays float. The scheme is recorded on the model (``model.quantization``) so ``tfm.save`` can write
+it into config.json and ``tfm.load`` can rebuild the same modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from ..nn.quant import QuantLinear
+from .build import QUANT_LINEARS
+
+DEFAULT_GROUP_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What ``quantize`` did; saved as the "quantization" entry of config.json."""
+
+    scheme: str  # a key of models.build.QUANT_LINEARS
+    group_size: int | None  # int4 only
+    lm_head: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw) -> Quantization:
+        if not isinstance(raw, dict) or set(raw) != {"scheme", "group_size", "lm_head"}:
+            raise ValueError(f"config.json quantization={raw!r}: must hold exactly scheme, group_size, lm_head")
+        return cls(**raw)
+
+
+def targets(model: nn.Module, lm_head: bool) -> list[tuple[str, nn.Linear]]:
+    """(name, module) of the linears ``quantize`` replaces."""
+    stacks = ("stack.", "encoder.", "decoder.")
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and (name.startswith(stacks) or (lm_head and name == "lm_head"))
+    ]
+
+
+def check(model: nn.Module, scheme, group_size, lm_head) -> Quantization:
+    """Every argument, before any tensor work."""
+    from .decoder import DecoderLM
+    from .encoder import Encoder
+    from .encoder_decoder import EncoderDecoder
+
+    if not isinstance(model, DecoderLM | Encoder | EncoderDecoder):
+        raise TypeError(f"model must be a torchformer DecoderLM, Encoder or EncoderDecoder, got {type(model).__name__}")
+    if getattr(model, "quantization", None) is not None or any(isinstance(m, QuantLinear) for m in model.modules()):
+        raise ValueError(
+            f"model is already quantized ({getattr(model, 'quantization', None)}); quantize the float model once"
+        )
+    if scheme not in QUANT_LINEARS:
+        raise ValueError(f"scheme={scheme!r}: must be one of {sorted(QUANT_LINEARS)}")
+    if not isinstance(lm_head, bool):
+        raise TypeError(f"lm_head={lm_head!r}: must be True or False")
+    if scheme == "int8":
+        if group_size is not None:
+            raise ValueError(f"group_size={group_size!r}: int8 uses one scale per output row; leave it None")
+        return Quantization("int8", None, lm_head)
+    group_size = DEFAULT_GROUP_SIZE if group_size is None else group_size
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
+        raise ValueError(f"group_size={group_size!r}: must be an even integer >= 2 (e.g. 32, 64, 128)")
+    for name, m in targets(model, lm_head):
+        if m.in_features % group_size:
+            raise ValueError(
+                f"group_size={group_size} does not divide in_features={m.in_features} of {name}; "
+                "choose a group size that divides every projection's input width"
+            )
+    return Quantization("int4", group_size, lm_head)
+
+
+def quantize(model: nn.Module, scheme: str = "int8", *, group_size: int | None = None, lm_head: bool = True):
+    """Replace ``model``'s projections by weight-only quantized linears; returns the model (eval).
+
+    scheme "int8": symmetric, one scale per output row. "int4": symmetric, two weights per byte,
+    one scale per ``group_size`` inputs (default 64). See ``torchformer.nn.quant``.
+    """
+    q = check(model, scheme, group_size, lm_head)
+    make = QUANT_LINEARS[q.scheme].from_linear
+    for name, lin in targets(model, q.lm_head):
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, make(lin, q.group_size))
+    model.quantization = q
+    return model.eval()

@@ -1,0 +1,119 @@
+"""Weight-only quantized linears: int8 with one scale per output row, int4 with one scale per group.
+
+Legend: N out features, K in features, G group size, rows = the product of x's leading dims.
+Both are symmetric (zero maps to zero, no zero point): int8 q = round(w / s), s = max|w_row| / 127,
+q in [-127, 127]; int4 q = round(w / s), s = max|w_group| / 7, q in [-7, 7], stored + 8 as a nibble,
+two per byte (even k in the low nibble). The weight is q * s; activations stay in their dtype.
+
+Decoding reads every weight once per token, so bytes are speed (FACTS.md: ~480 tok/s for int8
+against ~230 for fp32, compiled). Compiled, the few-row product is nn.linear's multiply + sum
+over the dequantised expression, which inductor fuses into one reduction that reads the integer
+bytes and never writes an fp32 weight (the gpt-fast approach to weight-only int8/int4). Eager,
+and for long prefills, the weight is dequantised then multiplied: exactly the reference.
+The modules hold buffers, not parameters: weight-only quantization is for inference, and a
+forward in training mode says so rather than letting an optimizer find nothing to update.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .linear import COMPILED_ROWS, linear, rowwise_product
+
+INT8_MAX, INT4_MAX = 127, 7
+
+
+def symmetric_scale(w: Tensor, qmax: int) -> Tensor:
+    """max|w| / qmax over the last dim (fp32); an all-zero row or group gets scale 1, not 0/0."""
+    amax = w.detach().float().abs().amax(-1)
+    return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+
+
+class QuantLinear(nn.Module):
+    """Shared forward; subclasses define ``dequantized()`` -> (N, K) float32 and ``from_linear``."""
+
+    in_features: int
+    out_features: int
+    bias: Tensor | None
+
+    def _init_bias(self, bias: Tensor | None) -> None:
+        self.training = False  # inference-only (see forward)
+        # Same state-dict key as nn.Linear's bias; a buffer so nothing can train it.
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def dequantized(self) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training:
+            raise ValueError(
+                f"{type(self).__name__}: a weight-only quantized model cannot be trained (its weights are "
+                "integer buffers); call model.eval(), or train the float model and quantize it afterwards"
+            )
+        rows = x.numel() // max(1, x.shape[-1])
+        if torch.compiler.is_compiling() and 1 <= rows <= COMPILED_ROWS:  # trace-time choice, as in nn.linear
+            out = rowwise_product(x.reshape(rows, -1), self.dequantized()).to(x.dtype)  # (rows, N)
+            out = out if self.bias is None else out + self.bias.to(x.dtype)
+            return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return linear(x, self.dequantized().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(QuantLinear):
+    """int8 weights (N, K), one fp32 scale per output row (N,)."""
+
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self._init_bias(bias)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, lin: nn.Linear, group_size: int | None = None) -> Int8Linear:
+        scale = symmetric_scale(lin.weight, INT8_MAX)  # (N,)
+        q = torch.round(lin.weight.float() / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+        return cls(q, scale, lin.bias)
+
+    def dequantized(self) -> Tensor:
+        return self.qweight.float() * self.scale[:, None]  # (N, K)
+
+
+class Int4Linear(QuantLinear):
+    """int4 weights packed two per byte (N, K // 2) uint8, fp32 scales per group (N, K // G)."""
+
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None, group_size: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = qweight.shape[0], 2 * qweight.shape[1]
+        self.group_size = group_size
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self._init_bias(bias)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, lin: nn.Linear, group_size: int) -> Int4Linear:
+        N, K = lin.weight.shape
+        groups = lin.weight.float().reshape(N, K // group_size, group_size)  # (N, K/G, G)
+        scale = symmetric_scale(groups, INT4_MAX)  # (N, K/G)
+        q = torch.round(groups / scale[..., None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16)
+        nibbles = (q + 8).to(torch.uint8).reshape(N, K // 2, 2)  # (N, K/2, 2): pairs (even k, odd k)
+        return cls(nibbles[..., 0] | (nibbles[..., 1] << 4), scale, lin.bias, group_size)
+
+    def unpacked(self) -> Tensor:
+        """The signed int4 values (N, K) as int16."""
+        low, high = self.qweight & 0xF, self.qweight >> 4  # (N, K/2) each
+        return torch.stack([low, high], dim=-1).reshape(self.out_features, self.in_features).to(torch.int16) - 8
+
+    def dequantized(self) -> Tensor:
+        N, K, G = self.out_features, self.in_features, self.group_size
+        groups = self.unpacked().reshape(N, K // G, G).float()  # (N, K/G, G)
+        return (groups * self.scale[..., None]).reshape(N, K)  # (N, K)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}"
