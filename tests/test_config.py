@@ -164,7 +164,7 @@ def test_json_round_trip_for_every_preset_and_grid_row():
 
 def test_json_positions_carry_a_kind_tag():
     d = model(positions=tfm.RoPE(pairing="interleaved", base=500000.0)).to_dict()
-    assert d["positions"] == {"kind": "rope", "base": 500000.0, "pairing": "interleaved"}
+    assert d["positions"] == {"kind": "rope", "base": 500000.0, "pairing": "interleaved", "fraction": 1.0, "scaling": None}
     assert model(positions=None).to_dict()["positions"] is None
     assert tfm.ModelConfig.from_dict(model(positions=None).to_dict()).positions is None
 

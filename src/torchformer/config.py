@@ -13,7 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config_rules import _check, _check_choice, _raise, _type_problems, _Validated
-from .position_configs import _KIND_OF, POSITION_KINDS, ALiBi, Learned, Positions, RelativeBias, RoPE, Sinusoidal
+from .position_configs import (
+    _KIND_OF,
+    POSITION_KINDS,
+    ALiBi,
+    Learned,
+    Positions,
+    RelativeBias,
+    RoPE,
+    Sinusoidal,
+    position_dict,
+)
+from .rope_scaling_configs import SCALING_KINDS, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, YaRN
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
@@ -28,13 +39,19 @@ __all__ = [
     "ALiBi",
     "AttentionConfig",
     "BlockConfig",
+    "DynamicNTK",
     "Learned",
+    "LinearScaling",
+    "Llama3Scaling",
+    "LongRoPE",
     "ModelConfig",
     "POSITION_KINDS",
     "Positions",
     "RelativeBias",
     "RoPE",
+    "SCALING_KINDS",
     "Sinusoidal",
+    "YaRN",
     "default_d_ff",
 ]
 
@@ -203,7 +220,8 @@ class ModelConfig:
             self.positions._problems(p)
             if isinstance(self.positions, RoPE) and isinstance(self.attention, AttentionConfig):
                 hd = self._head_dim_or_none()
-                _check(p, hd is None or hd % 2 == 0, "attention.head_dim", hd, "RoPE needs an even head_dim")
+                if hd is not None:
+                    self.positions.head_problems(hd, p)  # even width, partial rotary, longrope lists
             if isinstance(self.positions, Sinusoidal):
                 _check(p, self.d_model % 2 == 0, "d_model", self.d_model, "sinusoidal positions need it even")
         if self.arch == "encoder" and isinstance(self.attention, AttentionConfig):
@@ -268,7 +286,7 @@ class ModelConfig:
         out["attention"] = dataclasses.asdict(self.attention)
         out["block"] = dataclasses.asdict(self.block)
         pos = self.positions
-        out["positions"] = None if pos is None else {"kind": _KIND_OF[type(pos)], **dataclasses.asdict(pos)}
+        out["positions"] = None if pos is None else position_dict(pos)
         return out
 
     @classmethod
@@ -282,10 +300,9 @@ class ModelConfig:
         pos = data.get("positions", "absent")
         if isinstance(pos, dict):
             pos = dict(pos)
-            kind = pos.pop("kind", None)
-            if kind not in POSITION_KINDS:
-                raise ValueError(f"positions.kind={kind!r}: must be one of {list(POSITION_KINDS)}")
-            data["positions"] = _from_plain(POSITION_KINDS[kind], pos, "positions")
+            if isinstance(pos.get("scaling"), dict):  # RoPE's scaling scheme, tagged the same way
+                pos["scaling"] = _tagged(SCALING_KINDS, pos["scaling"], "positions.scaling")
+            data["positions"] = _tagged(POSITION_KINDS, pos, "positions")
         elif pos == "absent":
             data.pop("positions", None)
         return cls(**data)
@@ -296,6 +313,14 @@ def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:
     unknown = sorted(set(data) - known)
     if unknown:
         raise ValueError(f"unknown key(s) in {where}: {unknown}; allowed: {sorted(known)}")
+
+
+def _tagged(kinds: dict[str, type], data: dict[str, Any], where: str) -> Any:
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind not in kinds:
+        raise ValueError(f"{where}.kind={kind!r}: must be one of {list(kinds)}")
+    return _from_plain(kinds[kind], data, where)
 
 
 def _from_plain(cls: type, data: dict[str, Any], where: str) -> Any:

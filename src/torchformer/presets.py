@@ -6,7 +6,7 @@ figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
 
 from __future__ import annotations
 
-from .config import AttentionConfig, BlockConfig, Learned, ModelConfig, RoPE, Sinusoidal
+from .config import AttentionConfig, BlockConfig, Learned, Llama3Scaling, ModelConfig, RoPE, Sinusoidal
 
 
 def _vanilla(d_model: int, n_heads: int, d_ff: int, dropout: float) -> ModelConfig:
@@ -44,7 +44,12 @@ def _llama(
     base: float,
     max_len: int,
     eps: float = 1e-5,
+    *,
+    scaling: Llama3Scaling | None = None,
+    tie: bool = False,
+    ids: tuple[int, int] | None = None,
 ) -> ModelConfig:
+    bos, eos = (None, None) if ids is None else ids
     return ModelConfig(
         arch="decoder",
         vocab_size=vocab,
@@ -53,8 +58,10 @@ def _llama(
         max_seq_len=max_len,
         attention=AttentionConfig(n_heads=n_heads, n_kv_heads=n_kv),
         block=BlockConfig(norm="rmsnorm", norm_eps=eps, norm_placement="pre", mlp="swiglu", d_ff=d_ff),
-        positions=RoPE(base=base, pairing="half"),
-        tie_embeddings=False,
+        positions=RoPE(base=base, pairing="half", scaling=scaling),
+        tie_embeddings=tie,
+        bos_token_id=bos,
+        eos_token_id=eos,
     )
 
 
@@ -77,6 +84,10 @@ def _bert(vocab: int, d_model: int, n_layers: int, n_heads: int, d_ff: int) -> M
     )
 
 
+def _llama31_rope(factor: float) -> Llama3Scaling:
+    return Llama3Scaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_seq_len=8192)
+
+
 _PRESETS = {
     "vanilla-base": lambda: _vanilla(512, 8, 2048, 0.1),
     "vanilla-big": lambda: _vanilla(1024, 16, 4096, 0.3),
@@ -97,6 +108,14 @@ _PRESETS = {
     "minilm-l6": lambda: _bert(30522, 384, 6, 12, 1536),
     "llama2-7b": lambda: _llama(32000, 4096, 32, 32, 32, 11008, 10000.0, 4096),
     "llama3-8b": lambda: _llama(128256, 4096, 32, 32, 8, 14336, 500000.0, 8192),
+    # Llama 3.1 / 3.2 config.json: rope_type llama3, factor 8 (3.1) or 32 (3.2), frequency factors
+    # 1 and 4, original context 8192 stretched to 131072; 3.2-1B ties its embeddings.
+    "llama3.1-8b": lambda: _llama(
+        128256, 4096, 32, 32, 8, 14336, 500000.0, 131072, scaling=_llama31_rope(8.0), ids=(128000, 128001)
+    ),
+    "llama3.2-1b": lambda: _llama(
+        128256, 2048, 16, 32, 8, 8192, 500000.0, 131072, scaling=_llama31_rope(32.0), tie=True, ids=(128000, 128001)
+    ),
     # ~1M parameters, GQA 4:2: for tests, demos and CPU experiments.
     "llama-tiny": lambda: _llama(256, 128, 4, 4, 2, None, 10000.0, 512),
     # The default training run (issue 4): a small pre-LN char-level decoder sized for 2 CPU cores

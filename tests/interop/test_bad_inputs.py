@@ -112,7 +112,7 @@ def test_missing_shard_is_named(llama_copy):
 @pytest.mark.parametrize(
     "changes, match",
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope_type='yarn'"),
+        ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, "rope_type='proportional'"),
         ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ],
 )

@@ -12,6 +12,7 @@ replace folders by rename, never truncating a file a live model still maps.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -72,7 +73,7 @@ def _configs(path: str | os.PathLike, rope_pairing: str) -> tuple[dict, ModelCon
     if rope_pairing != "half":
         if not isinstance(cfg.positions, RoPE):
             raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")
-        cfg = cfg.replace(positions=RoPE(base=cfg.positions.base, pairing=rope_pairing))
+        cfg = cfg.replace(positions=dataclasses.replace(cfg.positions, pairing=rope_pairing))  # keeps scaling
     return hf, cfg
 
 

@@ -53,19 +53,6 @@ def activation(hf: dict[str, Any], key: str, problems: list[str]) -> str:
     return ACTIVATIONS[name]
 
 
-def rope_base(hf: dict[str, Any], problems: list[str]) -> float:
-    """rope_theta from transformers 5.x ``rope_parameters`` or 4.x top-level ``rope_theta``;
-    scaled variants (linear, dynamic, yarn, llama3, ...) are not implemented."""
-    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        problems.append(f"rope_parameters.rope_type={rope_type!r}: only 'default' (unscaled) RoPE is supported")
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
-    if params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        problems.append("partial_rotary_factor: only full-width RoPE (1.0) is supported")
-    return float(theta)
-
-
 def config_dtype(hf: dict[str, Any]) -> torch.dtype | None:
     """The dtype config.json names: ``dtype`` (transformers 5) or ``torch_dtype`` (4.x)."""
     name = hf.get("dtype") or hf.get("torch_dtype")

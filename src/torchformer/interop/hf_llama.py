@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
-from .hf_config import common_out, rope_base, token_ids, unsupported
+from .hf_config import common_out, token_ids, unsupported
+from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
 from .transforms import half_to_interleaved, interleaved_to_half
 
@@ -23,7 +24,9 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     model_type, problems = hf["model_type"], []
     if hf.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act={hf.get('hidden_act')!r}: only 'silu' (SwiGLU) is supported")
-    base = rope_base(hf, problems)
+    rope, max_len = rope_from_hf(hf, problems)
+    if rope.fraction != 1:  # HF Llama ignores it for plain RoPE and cannot run it scaled
+        problems.append(f"partial_rotary_factor={rope.fraction!r}: {model_type} rotates whole heads (1.0)")
     window = _window(hf, model_type, problems)
     unsupported(model_type, problems)
     d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
@@ -33,7 +36,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         vocab_size=hf["vocab_size"],
         d_model=d,
         n_layers=hf["num_hidden_layers"],
-        max_seq_len=hf.get("max_position_embeddings", 2048),
+        max_seq_len=max_len,
         attention=AttentionConfig(
             n_heads=n_heads,
             n_kv_heads=hf.get("num_key_value_heads") or n_heads,
@@ -51,7 +54,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             d_ff=hf["intermediate_size"],
             bias=model_type == "llama" and hf.get("mlp_bias", False),
         ),
-        positions=RoPE(base=base, pairing="half"),
+        positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         **token_ids(hf, hf["vocab_size"]),
     )
@@ -88,13 +91,14 @@ def unfit(cfg: ModelConfig) -> list[str]:
         (b.norm == "rmsnorm" and b.norm_placement == "pre", "needs pre-norm RMSNorm"),
         (b.mlp == "swiglu", f"block.mlp={b.mlp!r} (needs 'swiglu')"),
         (isinstance(cfg.positions, RoPE), f"positions={cfg.positions!r} (needs RoPE)"),
+        (not isinstance(cfg.positions, RoPE) or cfg.positions.fraction == 1, "needs full-width RoPE (fraction 1.0)"),
         (cfg.has_final_norm, "needs a final norm"),
         (not (cfg.embed_scale or cfg.embed_norm or cfg.final_logits_bias), "no embed_scale/embed_norm/logits bias"),
         (not (a.o_bias and not a.bias), "an output bias needs q/k/v biases too"),
         (model_type == "llama" or not b.bias, f"{model_type} has no MLP bias"),
         (model_type != "mistral" or not a.bias, "mistral has no attention bias"),
     ]
-    return [why for ok, why in rules if not ok]
+    return [why for ok, why in rules if not ok] + rope_unfit(cfg)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -108,11 +112,9 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
         num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.head_dim,
         hidden_act="silu",
-        max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.block.norm_eps,
-        rope_theta=cfg.positions.base,  # transformers 4.x reads this one
-        rope_parameters={"rope_theta": cfg.positions.base, "rope_type": "default"},
         attention_dropout=a.dropout,
+        **rope_to_hf(cfg),  # rope_theta (read by transformers 4.x), rope_parameters, max_position_embeddings
     )
     if model_type == "llama":
         out.update(attention_bias=a.bias, mlp_bias=cfg.block.bias)

@@ -12,7 +12,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ALiBi, Learned, ModelConfig, RelativeBias, RoPE, Sinusoidal
+from ..config import (
+    ALiBi,
+    DynamicNTK,
+    Learned,
+    LinearScaling,
+    Llama3Scaling,
+    LongRoPE,
+    ModelConfig,
+    RelativeBias,
+    RoPE,
+    Sinusoidal,
+    YaRN,
+)
 from ..nn.attention import Attention
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.block import Block, post_norm, pre_norm
@@ -31,6 +43,16 @@ from ..nn.positions import (
     split_sin_cos,
 )
 from ..nn.quant import Int4Linear, Int8Linear
+from ..nn.rope_scaling import (
+    DynamicNTKTable,
+    LongRoPETable,
+    linear_inv_freq,
+    llama3_inv_freq,
+    longrope_attention_factor,
+    longrope_inv_freq,
+    yarn_attention_factor,
+    yarn_inv_freq,
+)
 from .stack import Embeddings, Stack, embed_scale
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
@@ -48,7 +70,13 @@ MLPS = {  # mlp word -> (module, activation)
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),
 }
-BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
+BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "flex": flex.flex_attention, "auto": auto_attention}
+PREPARES = {  # backend word -> what its context needs, built once per forward (nn/routing.py)
+    "math": lambda softcap, flex_ok: prepare_dense,
+    "sdpa": lambda softcap, flex_ok: prepare_dense,
+    "flex": lambda softcap, flex_ok: prepare_flex,
+    "auto": auto_preparer,
+}
 RESIDUALS = {"pre": pre_norm, "post": post_norm}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
@@ -76,7 +104,9 @@ def score_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
     pos, heads = cfg.positions, cfg.attention.n_heads
     table = {
         ALiBi: lambda: ALiBiBias(heads),
-        RelativeBias: lambda: RelativePositionBias(heads, pos.num_buckets, pos.max_distance, not causal),
+        RelativeBias: lambda: RelativePositionBias(
+            heads, pos.num_buckets, pos.max_distance, not causal, max_len=cfg.max_seq_len
+        ),
     }
     make = table.get(type(pos))
     return None if make is None else make()
@@ -103,6 +133,8 @@ def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
         dropout=a.dropout,
         backend=BACKENDS[a.backend],
         rotate=rotate,
+        scale=a.scale,
+        softcap=a.softcap,
     )
 
 

@@ -75,18 +75,28 @@ class LearnedPositions(nn.Module):
 
 
 class RotaryTable(nn.Module):
-    """cos/sin of pos * base^(-2i/E) for i < E/2, looked up by position: (B, 1, T, E/2) each."""
+    """cos/sin of pos * inv_freq, looked up by position: (B, 1, T, E/2) each.
 
-    def __init__(self, max_len: int, head_dim: int, base: float) -> None:
+    inv_freq None is plain RoPE, base^(-2i/E) for i < E/2; a static scaled RoPE passes its
+    (E/2,) float64 frequencies (nn/rope_scaling.py) and attention factor, which multiplies cos
+    and sin as in transformers (YaRN, LongRoPE), so the scores scale by its square.
+    """
+
+    def __init__(
+        self, max_len: int, head_dim: int, base: float, *, inv_freq: Tensor | None = None, attention_factor: float = 1.0
+    ) -> None:
         super().__init__()
-        self.args = (max_len, head_dim, base)
+        self.args = (max_len, head_dim, base, inv_freq, attention_factor)
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
-        max_len, head_dim, base = self.args
-        angles = position_angles(max_len, head_dim, base)  # (N, E/2)
-        self.register_buffer("cos", placed(angles.cos().float(), device), persistent=False)
-        self.register_buffer("sin", placed(angles.sin().float(), device), persistent=False)
+        max_len, head_dim, base, inv_freq, factor = self.args
+        if inv_freq is None:
+            angles = position_angles(max_len, head_dim, base)  # (N, E/2)
+        else:
+            angles = torch.arange(max_len, dtype=torch.float64, device="cpu")[:, None] * inv_freq  # (N, E/2)
+        self.register_buffer("cos", placed((angles.cos() * factor).float(), device), persistent=False)
+        self.register_buffer("sin", placed((angles.sin() * factor).float(), device), persistent=False)
 
     def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:
         return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, E/2)
@@ -105,6 +115,12 @@ def rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = pairs[..., 0], pairs[..., 1]
     out = torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2)
     return out.to(x.dtype)
+
+
+def rotate_partial(x: Tensor, cos: Tensor, sin: Tensor, *, dim: int, rotate: Callable) -> Tensor:
+    """Rotate the first ``dim`` features of each head with ``rotate`` and pass the rest through
+    (partial rotary: GPT-NeoX rotary_pct, GPT-J rotary_dim, Phi-4-mini partial_rotary_factor)."""
+    return torch.cat([rotate(x[..., :dim], cos, sin), x[..., dim:]], dim=-1)  # (B, H, T, E)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
