@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="encoder-decoder: decoder input text (default: the same as --text)")
     p.add_argument("--layer", type=int, default=None, help="only this block (default: all)")
     p.add_argument("--layers", default=None, help="only these blocks, comma-separated, e.g. 0,2 (default: all)")
-    p.add_argument("--head", type=int, default=None, help="the head shown as ASCII (default 0); with --out only it")
-    p.add_argument("--heads", default=None, help="only these heads in the PNG and HTML, comma-separated")
+    p.add_argument("--head", type=int, default=None, help="only this head (ASCII, --out, --html); default all, ASCII 0")
+    p.add_argument("--heads", default=None, help="only these heads in --out and --html, comma-separated")
     p.add_argument(
         "--kind",
         choices=list(STACKS),
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         title = f"attention of {Path(args.model).name or args.model}"
         page = to_html(rec, labels, target_tokens=t_labels if two_sided else None, heads=heads, title=title)
     print_stats(caps)
-    head = args.head or 0
+    head = heads[0] if heads else 0
     print(f"\n{caps[0].name} head {head} (rows: queries, columns: keys; denser = more weight)")
     print(ascii_attention(caps[0].weights[0, head], q_labels, k_labels))
     if figure is not None:
