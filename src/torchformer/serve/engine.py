@@ -30,10 +30,14 @@ from .text import Texts
 log = logging.getLogger(__name__)
 
 
+def rows_view(cache: KVCache, start: int, stop: int) -> KVCache:
+    """Rows start..stop-1 of the cache as a cache; index_put_ through the views writes it in place."""
+    return KVCache([LayerCache(c.k[start:stop], c.v[start:stop]) for c in cache.layers], cache.max_len)
+
+
 def prefill_row(model, cache: KVCache, row: int, prompt: list[int]) -> Tensor:
     """Run one prompt into row ``row`` of the cache: logits (1, V) for its first new token."""
-    # Views of one row: index_put_ through them writes the shared cache in place.
-    view = KVCache([LayerCache(c.k[row : row + 1], c.v[row : row + 1]) for c in cache.layers], cache.max_len)
+    view = rows_view(cache, row, row + 1)
     device = cache.layers[0].k.device
     ids = torch.tensor([prompt], device=device)  # (1, T)
     pos = torch.arange(len(prompt), device=device)[None, :]  # (1, T)
@@ -41,7 +45,7 @@ def prefill_row(model, cache: KVCache, row: int, prompt: list[int]) -> Tensor:
 
 
 def decode_rows(model, ids: Tensor, pos: Tensor, live: Tensor, cache: KVCache) -> Tensor:
-    """ids, pos, live (R, 1) -> logits (R, V); rows with live 0 write to the hidden slot."""
+    """ids, pos, live (n, 1) -> logits (n, V); rows with live 0 write to the hidden slot."""
     return model.logits(ids, pos, live, cache)[:, -1]
 
 
@@ -72,6 +76,8 @@ class Engine:
         self.stopping = False
         self.texts: Texts | None = None
         self.context = 0  # prompt + new tokens a request may use (the model's max_seq_len)
+        # OpenMP's thread count is per calling thread: the engine thread uses its creator's setting.
+        self.threads = torch.get_num_threads()
         self.thread = threading.Thread(target=self.run, name="torchformer-engine", daemon=True)
 
     # --- the app's side (any thread) ------------------------------------------------------
@@ -131,6 +137,7 @@ class Engine:
     # --- the engine thread ----------------------------------------------------------------
     def run(self) -> None:
         try:
+            torch.set_num_threads(self.threads)
             with torch.inference_mode():
                 self.model = self.load()
                 if not isinstance(self.model, DecoderLM):
@@ -140,6 +147,7 @@ class Engine:
                 self.eos = frozenset([] if cfg.eos_token_id is None else [cfg.eos_token_id])
                 self.texts = self.make_texts(cfg.vocab_size)
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
+                self.views: dict[int, KVCache] = {}  # rows 0..n-1 of the cache, by n
                 self.step_fn = (
                     torch.compile(decode_rows, dynamic=False, fullgraph=True) if self.compile else decode_rows
                 )
@@ -212,18 +220,24 @@ class Engine:
     def step(self) -> None:
         """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
         jobs = [j for j in self.rows if j is not None]
-        ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in self.rows], device=self.device)  # (R, 1)
-        pos = torch.tensor([[0 if j is None else j.pos - 1] for j in self.rows], device=self.device)  # (R, 1)
-        live = torch.tensor([[j is not None] for j in self.rows], device=self.device)  # (R, 1)
+        # Only rows 0..n-1 (admission takes the lowest free row): a lone request costs a one-row
+        # step, not an R-row one. Compiled, every step has all R rows: one graph, no recompiles.
+        n = self.slots if self.compile else 1 + max(j.row for j in jobs)
+        if n not in self.views:
+            self.views[n] = rows_view(self.cache, 0, n)
+        rows = self.rows[:n]
+        ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in rows], device=self.device)  # (n, 1)
+        pos = torch.tensor([[0 if j is None else j.pos - 1] for j in rows], device=self.device)  # (n, 1)
+        live = torch.tensor([[j is not None] for j in rows], device=self.device)  # (n, 1)
         try:
-            logits = self.step_fn(self.model, ids, pos, live, self.cache)  # (R, V)
+            logits = self.step_fn(self.model, ids, pos, live, self.views[n])  # (n, V)
         except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
             log.exception("decode step failed")
             for job in jobs:
                 job.fail(APIError(500, f"the decode step failed: {err!r}", type="server_error"), self.metrics)
                 self.free(job)
             return
-        tokens = logits.argmax(-1)  # (R,): the choice of every greedy row
+        tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
         failed = set()
         for job in jobs:
             if job.fast:
