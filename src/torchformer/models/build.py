@@ -40,6 +40,7 @@ from ..nn.positions import (
     interleave_sin_cos,
     rotate_half,
     rotate_interleaved,
+    rotate_partial,
     split_sin_cos,
 )
 from ..nn.quant import Int4Linear, Int8Linear
@@ -70,13 +71,7 @@ MLPS = {  # mlp word -> (module, activation)
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),
 }
-BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "flex": flex.flex_attention, "auto": auto_attention}
-PREPARES = {  # backend word -> what its context needs, built once per forward (nn/routing.py)
-    "math": lambda softcap, flex_ok: prepare_dense,
-    "sdpa": lambda softcap, flex_ok: prepare_dense,
-    "flex": lambda softcap, flex_ok: prepare_flex,
-    "auto": auto_preparer,
-}
+BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
 RESIDUALS = {"pre": pre_norm, "post": post_norm}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
@@ -95,18 +90,57 @@ def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
 
 
 def rotary(cfg: ModelConfig) -> tuple[nn.Module | None, Callable | None]:
+    """The RoPE table and the rotation; partial rotary turns only the first ``dim`` features."""
     if not isinstance(cfg.positions, RoPE):
         return None, None
-    return RotaryTable(cfg.max_seq_len, cfg.head_dim, cfg.positions.base), ROTATIONS[cfg.positions.pairing]
+    dim, rotate = cfg.positions.rotary_dim(cfg.head_dim), ROTATIONS[cfg.positions.pairing]
+    if dim < cfg.head_dim:
+        rotate = partial(rotate_partial, dim=dim, rotate=rotate)
+    return rope_table(cfg, dim), rotate
+
+
+def rope_table(cfg: ModelConfig, dim: int) -> nn.Module:
+    """cos/sin rows over ``dim`` rotated features, one entry per scaling scheme (formulas in
+    nn/rope_scaling.py). Static schemes precompute a table; dynamic and longrope follow the length."""
+    n, base, s = cfg.max_seq_len, cfg.positions.base, cfg.positions.scaling
+    table = {
+        type(None): lambda: RotaryTable(n, dim, base),
+        LinearScaling: lambda: RotaryTable(n, dim, base, inv_freq=linear_inv_freq(dim, base, s.factor)),
+        Llama3Scaling: lambda: RotaryTable(
+            n,
+            dim,
+            base,
+            inv_freq=llama3_inv_freq(
+                dim, base, s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_seq_len
+            ),
+        ),
+        YaRN: lambda: RotaryTable(
+            n,
+            dim,
+            base,
+            inv_freq=yarn_inv_freq(
+                dim, base, s.resolved_factor(n), s.original_max_seq_len, s.beta_fast, s.beta_slow, s.truncate
+            ),
+            attention_factor=yarn_attention_factor(
+                s.resolved_factor(n), s.attention_factor, s.mscale, s.mscale_all_dim
+            ),
+        ),
+        LongRoPE: lambda: LongRoPETable(
+            longrope_inv_freq(dim, base, s.short_factor),
+            longrope_inv_freq(dim, base, s.long_factor),
+            s.original_max_seq_len,
+            longrope_attention_factor(s.resolved_factor(n), s.original_max_seq_len, s.attention_factor),
+        ),
+        DynamicNTK: lambda: DynamicNTKTable(dim, base, s.factor, s.original_max_seq_len),
+    }
+    return table[type(s)]()
 
 
 def score_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
     pos, heads = cfg.positions, cfg.attention.n_heads
     table = {
         ALiBi: lambda: ALiBiBias(heads),
-        RelativeBias: lambda: RelativePositionBias(
-            heads, pos.num_buckets, pos.max_distance, not causal, max_len=cfg.max_seq_len
-        ),
+        RelativeBias: lambda: RelativePositionBias(heads, pos.num_buckets, pos.max_distance, not causal),
     }
     make = table.get(type(pos))
     return None if make is None else make()
@@ -133,8 +167,6 @@ def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
         dropout=a.dropout,
         backend=BACKENDS[a.backend],
         rotate=rotate,
-        scale=a.scale,
-        softcap=a.softcap,
     )
 
 
