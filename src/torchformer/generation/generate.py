@@ -17,8 +17,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from .request import Request, make_generator, make_request, sampling_options
+from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process
+from .speculative import SpeculativeStream
 from .steps import prefill, step_function
 
 
@@ -93,6 +94,9 @@ def stream(
     decoder_start_token_id: int | None = None,
     seed: int | None = None,
     compile: bool = False,
+    draft_model=None,
+    num_draft_tokens: int | None = None,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> Iterator[Tensor]:
     """Like ``generate``, but yields each new token (B,) as soon as it is chosen; the arguments
     are checked when ``stream`` is called, not at the first ``next``."""
@@ -111,12 +115,18 @@ def open_decode(
     no_repeat_ngram_size,
     seed,
     compile,
+    draft_model=None,
+    num_draft_tokens=None,
+    prompt_lookup_num_tokens=None,
     **request,
 ) -> tuple[Request, Iterator[Tensor]]:
     """Validate everything, then return the request and the (lazy) token iterator."""
     req = make_request(model, input_ids, **request)
     s = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size)
+    k = speculative_k(model, req, s, draft_model, num_draft_tokens, prompt_lookup_num_tokens)
     generator = make_generator(seed, input_ids.device)
+    if k is not None:
+        return req, SpeculativeStream(model, req, s, generator, bool(compile), draft_model, k)
     return req, (tok.clone() for tok, _ in decode(model, req, s, generator, bool(compile)))  # clone: a normal tensor
 
 
@@ -137,6 +147,9 @@ def generate(
     decoder_start_token_id: int | None = None,
     seed: int | None = None,
     compile: bool = False,
+    draft_model=None,
+    num_draft_tokens: int | None = None,
+    prompt_lookup_num_tokens: int | None = None,
 ) -> Tensor:
     """Continue each row of input_ids (B, T); returns (B, T + N) with N <= max_new_tokens.
 
@@ -150,6 +163,11 @@ def generate(
     ``torchformer.generation.sampling`` (repetition penalty, n-gram block, temperature, top-k,
     top-p, min-p, in that order). ``seed`` makes sampling reproducible without touching torch's
     global RNG. ``compile=True`` compiles the one-token step once (prefill runs eager).
+
+    Speculative decoding (``generation.speculative``, batch 1, DecoderLM): ``draft_model=small``
+    guesses ``num_draft_tokens`` (default 4) tokens per round, or ``prompt_lookup_num_tokens=k``
+    copies k tokens from an earlier occurrence of the last n-gram; the target checks them in one
+    forward. Greedy output equals plain greedy; sampled output follows the target's distribution.
     Rows that emit an id of ``eos_token_id`` stop and are padded (module docstring).
     """
     req, tokens = open_decode(**dict(locals()))

@@ -143,3 +143,45 @@ def make_generator(seed, device: torch.device) -> torch.Generator | None:
         return None
     check_int("seed", seed, 0, "must be None or an integer >= 0")
     return torch.Generator(device=device).manual_seed(seed)
+
+
+DEFAULT_DRAFT_TOKENS = 4
+
+
+def speculative_k(model, req: Request, s: Sampling, draft_model, num_draft_tokens, prompt_lookup_num_tokens):
+    """k (tokens guessed per round) for speculative decoding, or None for plain decoding; every
+    speculative argument checked against the model and the request."""
+    if draft_model is None and prompt_lookup_num_tokens is None:
+        if num_draft_tokens is not None:
+            raise ValueError(f"num_draft_tokens={num_draft_tokens!r} needs draft_model=...; without one, leave it None")
+        return None
+    if draft_model is not None and prompt_lookup_num_tokens is not None:
+        raise ValueError("draft_model and prompt_lookup_num_tokens are two ways to guess tokens: pass one of them")
+    if req.seq2seq:
+        raise ValueError("speculative decoding needs a DecoderLM target; model is an EncoderDecoder")
+    if req.input_ids.shape[0] != 1:
+        batch = req.input_ids.shape[0]
+        raise ValueError(f"speculative decoding runs one prompt at a time: input_ids has batch {batch}, must be 1")
+    if s.needs_history:
+        raise ValueError(
+            "speculative decoding supports temperature, top_k, top_p and min_p; "
+            f"repetition_penalty={s.repetition_penalty} / no_repeat_ngram_size={s.no_repeat_ngram_size} must stay off"
+        )
+    if prompt_lookup_num_tokens is not None:
+        check_int("prompt_lookup_num_tokens", prompt_lookup_num_tokens, 1, "must be None or an integer >= 1")
+        return prompt_lookup_num_tokens
+    k = DEFAULT_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
+    check_int("num_draft_tokens", k, 1, "must be None or an integer >= 1")
+    if not isinstance(draft_model, DecoderLM):
+        raise TypeError(f"draft_model must be a DecoderLM, got {type(draft_model).__name__}")
+    if draft_model.config.vocab_size != model.config.vocab_size:
+        raise ValueError(
+            f"draft_model has vocab_size={draft_model.config.vocab_size} but the target has "
+            f"vocab_size={model.config.vocab_size}; they must share one vocabulary"
+        )
+    if draft_model.config.max_seq_len < req.input_ids.shape[1]:
+        raise ValueError(
+            f"draft_model max_seq_len={draft_model.config.max_seq_len} is shorter than the prompt "
+            f"({req.input_ids.shape[1]} tokens)"
+        )
+    return k

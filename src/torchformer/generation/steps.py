@@ -29,6 +29,11 @@ def decoder_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
     return model.logits(ids, pos, None, cache)[:, -1]
 
 
+def chunk_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+    """ids, pos (B, T) -> logits (B, T, V) for every position (speculative verification)."""
+    return model.logits(ids, pos, None, cache)
+
+
 def seq2seq_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
     """Like decoder_step, attending to the cross K/V the cache was made with."""
     return model.logits(ids, pos, None, cache, cache.cross, cache.src_mask)[:, -1]
@@ -62,10 +67,11 @@ def prefill(model, req: Request, batch_size: int | None = None) -> Prefilled:
 _COMPILED: dict[str, object] = {}
 
 
-def step_function(seq2seq: bool, compiled: bool):
+def step_function(seq2seq: bool, compiled: bool, fn=None):
     """The decode step; with ``compiled``, one torch.compile'd function per step kind with static
-    shapes (dynamic=False): a new token changes no shape and no guard, so it never recompiles."""
-    fn = seq2seq_step if seq2seq else decoder_step
+    shapes (dynamic=False): a new token changes no shape and no guard, so it never recompiles.
+    ``fn`` picks another step kind (``chunk_step`` for speculative verification)."""
+    fn = fn or (seq2seq_step if seq2seq else decoder_step)
     if not compiled:
         return fn
     if fn.__name__ not in _COMPILED:
