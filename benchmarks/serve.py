@@ -1,0 +1,328 @@
+"""Serving throughput and latency (issue 15): `torchformer serve` against `transformers serve
+--continuous-batching`, the same HF Llama folder, the same machine, one run.
+
+The model is the decode benchmark's Llama shape (6 layers, d_model 512, 8 heads, SwiGLU d_ff
+1368, fp32) with the vocabulary of a byte-level BPE tokenizer trained here on Python's own
+standard library sources, saved as an HF folder (model.safetensors, tokenizer.json, a chat
+template). Each server runs as its own process on 127.0.0.1; the load generator is
+`AsyncOpenAI(max_retries=0)` sending streamed chat requests (about 32 prompt tokens, exactly
+--max-tokens new tokens: greedy, EOS removed) at concurrency 1, slots and 2 x slots. Reported per
+server and concurrency: requests/s, output tokens/s, TTFT, inter-token and end-to-end latency
+p50/p90/p99 (ms), failures. Targets: torchformer at concurrency = slots >= 3x its concurrency 1,
+and >= 2x `transformers serve` output tokens/s at concurrency 8.
+
+    python -m benchmarks.serve                       # full run; rewrites its RESULTS.md section
+    python -m benchmarks.serve --requests 8 --max-tokens 16 --no-write   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.results import write_section
+
+SHAPE = {"d_model": 512, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1368, "vocab": 4096}
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+NAME = "bench-llama"
+
+
+def corpus(n_bytes: int = 1_000_000) -> list[str]:
+    """Text from the standard library's .py files (present on every Python install)."""
+    out, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(errors="ignore")
+        out.append(text)
+        total += len(text)
+        if total >= n_bytes:
+            break
+    return out
+
+
+def make_folder(folder: Path, max_len: int) -> list[str]:
+    """Write the HF Llama folder with tokenizer and chat template; return prompts (~32 tokens)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    texts = corpus()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=SHAPE["vocab"], special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=SHAPE["d_model"],
+        intermediate_size=SHAPE["d_ff"],
+        num_hidden_layers=SHAPE["n_layers"],
+        num_attention_heads=SHAPE["n_heads"],
+        num_key_value_heads=SHAPE["n_kv_heads"],
+        max_position_embeddings=max_len,
+        bos_token_id=None,
+        eos_token_id=None,  # every request generates exactly max_tokens tokens on both servers
+        pad_token_id=0,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(folder)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": TEMPLATE,
+        "model_max_length": max_len,
+        "pad_token": "<|endoftext|>",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    # Prompts: 32-token windows of the corpus, decoded back to text.
+    ids = tok.encode(texts[-1][:20000]).ids
+    return [tok.decode(ids[i : i + 32]) for i in range(0, len(ids) - 32, 37)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process; its output is kept for the failure note."""
+
+    def __init__(self, command: list[str], port: int, env: dict) -> None:
+        self.url, self.lines = f"http://127.0.0.1:{port}", []
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
+
+    def wait_ready(self, path: str, timeout: float) -> None:
+        import httpx2 as httpx
+
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError("exited: " + "".join(self.lines)[-2000:])
+            try:
+                if httpx.get(self.url + path, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"not ready after {timeout} s: " + "".join(self.lines)[-2000:])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
+    t0 = time.perf_counter()
+    times, usage = [], None
+    stream = await client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            times.append(time.perf_counter())
+        if getattr(chunk, "usage", None) is not None:
+            usage = chunk.usage
+    end = time.perf_counter()
+    tokens = usage.completion_tokens if usage is not None else len(times)
+    return {
+        "ttft": times[0] - t0 if times else end - t0,
+        "itl": list(np.diff(times)),
+        "e2e": end - t0,
+        "tokens": tokens,
+    }
+
+
+async def load(url: str, model: str, prompts: list[str], concurrency: int, n: int, max_tokens: int) -> dict:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    queue = list(range(n))
+    results, failures = [], []
+
+    async def worker():
+        while queue:
+            i = queue.pop()
+            try:
+                results.append(await one(client, model, prompts[i % len(prompts)], max_tokens))
+            except Exception as err:  # noqa: BLE001 - counted and reported
+                failures.append(repr(err))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    wall = time.perf_counter() - t0
+    await client.close()
+    return {"wall": wall, "results": results, "failures": failures}
+
+
+def summary(run: dict) -> dict:
+    res = run["results"]
+    pct = lambda xs, q: 1000 * float(np.percentile(xs, q)) if len(xs) else float("nan")  # noqa: E731
+    itl = [x for r in res for x in r["itl"]]
+    out = {
+        "req/s": len(res) / run["wall"],
+        "tok/s": sum(r["tokens"] for r in res) / run["wall"],
+        "failures": len(run["failures"]),
+    }
+    for key, xs in (("ttft", [r["ttft"] for r in res]), ("itl", itl), ("e2e", [r["e2e"] for r in res])):
+        out[key] = tuple(pct(xs, q) for q in (50, 90, 99))
+    return out
+
+
+def bench_server(server: Server, ready: str, model: str, prompts, levels, args) -> dict:
+    server.wait_ready(ready, args.start_timeout)
+    asyncio.run(load(server.url, model, prompts, 1, 2, args.max_tokens))  # warm-up (first-call costs)
+    out = {}
+    for c in levels:
+        run = asyncio.run(load(server.url, model, prompts, c, max(args.requests, 2 * c), args.max_tokens))
+        out[c] = summary(run)
+        print(f"  concurrency {c}: {out[c]['tok/s']:.1f} tok/s, {out[c]['failures']} failures", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--slots", type=int, default=8)
+    p.add_argument("--requests", type=int, default=24, help="requests per concurrency level (at least 2 x it)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each server (the client needs a core)")
+    p.add_argument("--start-timeout", type=float, default=300.0)
+    p.add_argument("--no-hf", action="store_true", help="skip transformers serve")
+    p.add_argument("--no-write", action="store_true", help="print only; do not rewrite RESULTS.md")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    levels = sorted({1, args.slots, 2 * args.slots})
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(args.threads),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }
+    rows, note = {}, ""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / NAME
+        prompts = make_folder(folder, 512)
+        bin_dir = Path(sys.executable).parent
+        port = free_port()
+        ours = Server(
+            [
+                str(bin_dir / "torchformer"),
+                "serve",
+                str(folder),
+                "--port",
+                str(port),
+                "--slots",
+                str(args.slots),
+                "--log-level",
+                "warning",
+            ],
+            port,
+            env,
+        )
+        try:
+            print("torchformer serve", flush=True)
+            rows["torchformer serve"] = bench_server(ours, "/health", NAME, prompts, levels, args)
+        finally:
+            ours.stop()
+        if not args.no_hf:
+            port = free_port()
+            hf = Server(
+                [
+                    str(bin_dir / "transformers"),
+                    "serve",
+                    str(folder),
+                    "--continuous-batching",
+                    "--port",
+                    str(port),
+                    "--host",
+                    "127.0.0.1",
+                    "--device",
+                    "cpu",
+                    "--log-level",
+                    "warning",
+                ],
+                port,
+                env,
+            )
+            try:
+                print("transformers serve --continuous-batching", flush=True)
+                rows["transformers serve (CB)"] = bench_server(hf, "/v1/models", str(folder), prompts, levels, args)
+            except Exception as err:  # noqa: BLE001 - the reason goes in the note
+                note = f"transformers serve could not be measured: {str(err)[-600:]}"
+                print(note, flush=True)
+            finally:
+                hf.stop()
+    text = table(rows, levels, args.slots, note)
+    print(text)
+    if not args.no_write:
+        command = "python -m benchmarks.serve" + (" " + " ".join(argv) if argv else "")
+        setting = (
+            f"HF Llama folder {SHAPE['n_layers']}L d{SHAPE['d_model']} V{SHAPE['vocab']} fp32, "
+            f"{args.threads} torch threads per server, {args.max_tokens} new tokens, streamed chat"
+        )
+        write_section("serve", "Serving: torchformer serve vs transformers serve", command, setting, text)
+    return 0
+
+
+def table(rows: dict, levels, slots: int, note: str) -> str:
+    fmt = lambda t: "/".join(f"{x:.0f}" for x in t)  # noqa: E731
+    lines = [
+        "| server | concurrency | req/s | out tok/s | TTFT p50/p90/p99 ms | inter-token p50/p90/p99 ms | "
+        "end-to-end p50/p90/p99 ms | failures |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, by_c in rows.items():
+        for c in levels:
+            r = by_c[c]
+            lines.append(
+                f"| {name} | {c} | {r['req/s']:.2f} | {r['tok/s']:.1f} | {fmt(r['ttft'])} | {fmt(r['itl'])} | "
+                f"{fmt(r['e2e'])} | {r['failures']} |"
+            )
+    ours = rows.get("torchformer serve", {})
+    notes = []
+    if ours:
+        ratio = ours[slots]["tok/s"] / ours[1]["tok/s"]
+        notes.append(f"torchformer at concurrency {slots} / concurrency 1: {ratio:.2f}x (target >= 3x)")
+    theirs = rows.get("transformers serve (CB)", {})
+    if ours and theirs and 8 in ours and 8 in theirs:
+        notes.append(
+            f"torchformer / transformers serve at concurrency 8: "
+            f"{ours[8]['tok/s'] / theirs[8]['tok/s']:.2f}x (target >= 2x)"
+        )
+    if note:
+        notes.append(re.sub(r"\s+", " ", note))
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
