@@ -105,11 +105,15 @@
     const ctx = lines.getContext("2d");
     ctx.clearRect(0, 0, lines.width, lines.height);
     ctx.strokeStyle = "rgb(30, 90, 200)";
+    // All lines: opacity = weight (as bertviz). One token's lines: relative to their largest, so a
+    // flat row over many keys still shows its shape.
+    const shown = side === "q" ? m[only] : side === "k" ? m.map((row) => row[only]) : [1];
+    const scale = 1 / Math.max(1e-12, ...shown);
     for (let i = 0; i < T; i++) {
       if (side === "q" && i !== only) continue;
       for (let j = 0; j < S; j++) {
         if (side === "k" && j !== only) continue;
-        ctx.globalAlpha = m[i][j];
+        ctx.globalAlpha = Math.min(1, m[i][j] * scale);
         ctx.lineWidth = only === null ? 1 : 2;
         ctx.beginPath();
         ctx.moveTo(0, (i + 0.5) * ROW);
