@@ -54,15 +54,15 @@ def test_verify_passes_with_a_sliding_window():
 # ---- the three classic faults -------------------------------------------------------------------
 
 
-def off_by_one_up(q_pos, k_pos):
-    return k_pos[:, None, None, :] <= q_pos[:, None, :, None] + 1  # query i also sees key i + 1
+def off_by_one_up(q_pos, k_pos):  # the causal rule of nn/patterns.py, shifted
+    return lambda b, h, q, kv: k_pos[b, kv] <= q_pos[b, q] + 1  # query i also sees key i + 1
 
 
 def off_by_one_down(q_pos, k_pos):
-    return k_pos[:, None, None, :] < q_pos[:, None, :, None]  # query i cannot see itself
+    return lambda b, h, q, kv: k_pos[b, kv] < q_pos[b, q]  # query i cannot see itself
 
 
-def no_upcast(q, k, v, *, mask=None, bias=None, is_causal=False, scale, dropout_p=0.0):
+def no_upcast(q, k, v, *, mask=None, bias=None, is_causal=False, scale, dropout_p=0.0, **_):
     """Attention entirely in the input dtype: fp16 scores overflow, softmax sees inf."""
     T, S, group = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -80,9 +80,9 @@ def no_upcast(q, k, v, *, mask=None, bias=None, is_causal=False, scale, dropout_
 def broken(name: str, fault: str, monkeypatch) -> torch.nn.Module:
     model = preset_model(name)
     if fault == "mask_up":
-        monkeypatch.setattr(stack_module, "causal_mask", off_by_one_up)
+        monkeypatch.setattr(stack_module, "causal", off_by_one_up)
     if fault == "mask_down":
-        monkeypatch.setattr(stack_module, "causal_mask", off_by_one_down)
+        monkeypatch.setattr(stack_module, "causal", off_by_one_down)
     for m in model.modules():
         if isinstance(m, Attention) and fault == "no_scale":
             m.scale = 1.0
@@ -180,7 +180,7 @@ def test_cli_verify_scaled_down_preset_passes(capsys):
 def test_cli_verify_exits_1_on_a_failure(tmp_path, monkeypatch, capsys):
     model = preset_model("llama-tiny")
     tfm.save(model, tmp_path / "ckpt")
-    monkeypatch.setattr(stack_module, "causal_mask", off_by_one_up)
+    monkeypatch.setattr(stack_module, "causal", off_by_one_up)
     assert main(["verify", str(tmp_path / "ckpt")]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "diagonal off by one" in out

@@ -42,7 +42,7 @@ def test_check_catches_a_mask_with_the_wrong_diagonal(v, monkeypatch):
     """A causal mask shifted by one (each query also sees the next token) must fail the check."""
     model = grid.build(v)
     ids = torch.randint(0, grid.VOCAB, (2, T))
-    monkeypatch.setattr(stack_module, "causal_mask", lambda q, k: k[:, None, None, :] <= q[:, None, :, None] + 1)
+    monkeypatch.setattr(stack_module, "causal", lambda qp, kp: lambda b, h, q, kv: kp[b, kv] <= qp[b, q] + 1)
     before, _ = leaks(model, ids, 6, torch.ones(2, T, dtype=torch.long))
     assert before > 0.0
 

@@ -12,18 +12,22 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from .linear import Linear
+from .patterns import Pattern
 
 Rotation = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 class AttnInputs(NamedTuple):
-    """What the stack computes once per forward and hands to every layer."""
+    """What the stack computes once per forward and hands to every layer. ``pattern`` holds the
+    mask and bias rules (nn/patterns.py); the backend's prepare step (nn/routing.py) fills in
+    the dense mask/bias or the flex block mask from it."""
 
     rope: tuple[Tensor, Tensor] | None  # cos, sin: (B, 1, T, E/2) each
     mask: Tensor | None  # (B, 1, T, S) bool, True = may attend
     bias: Tensor | None  # (B|1, H, T, S) additive score bias
     is_causal: bool  # the plain lower triangle, used only when mask is None
     slots: Tensor | None  # (B, T) cache slots to write this chunk's keys at
+    pattern: Pattern | None = None  # the rules mask and bias come from (None: nothing beyond is_causal)
 
 
 class Attention(nn.Module):
@@ -39,6 +43,8 @@ class Attention(nn.Module):
         dropout: float,
         backend: Callable[..., Tensor],
         rotate: Rotation | None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -46,7 +52,10 @@ class Attention(nn.Module):
         self.k_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.v_proj = Linear(d_model, n_kv_heads * head_dim, bias=bias)
         self.o_proj = Linear(n_heads * head_dim, d_model, bias=out_bias)
-        self.scale = head_dim**-0.5  # Vaswani 2017, 3.2.1: keeps score variance ~1
+        # Vaswani 2017, 3.2.1: 1/sqrt(E) keeps score variance ~1; T5 uses 1.0, Gemma 2
+        # query_pre_attn_scalar ** -0.5 (AttentionConfig.scale).
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.softcap = softcap  # Gemma 2: cap * tanh(score / cap), None for none
         self.dropout = dropout
         self.backend = backend
         self.rotate = rotate
@@ -85,5 +94,7 @@ class Attention(nn.Module):
             is_causal=ctx.is_causal,
             scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0,
+            softcap=self.softcap,
+            pattern=ctx.pattern,
         )  # (B, H, T, E)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B, T, D)

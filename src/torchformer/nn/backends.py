@@ -1,4 +1,5 @@
-"""Attention backends with one signature: (q, k, v, *, mask, bias, is_causal, scale, dropout_p).
+"""Attention backends with one signature:
+(q, k, v, *, mask, bias, is_causal, scale, dropout_p, softcap, pattern).
 
 q (B, H, T, E); k, v (B, K, S, E) with H a multiple of K (GQA); mask (B, 1|H, T, S) bool,
 True = may attend; bias (B|1, H, T, S) added to the scaled scores. Query rows whose mask
@@ -6,7 +7,11 @@ allows nothing return zeros, never NaN.
 
 ``math_attention`` is the reference: matmul, fp32 softmax, matmul, and the only backend that can
 return the weights. ``sdpa_attention`` calls torch's fused kernel and shares K/V across a group
-with ``enable_gqa`` instead of copying them.
+with ``enable_gqa`` instead of copying them. ``softcap`` applies cap * tanh(score / cap) to the
+scaled scores before the bias (Gemma 2); SDPA has no hook for it, so a soft-capped call to
+``sdpa_attention`` computes explicit scores through the reference. ``pattern`` (nn/patterns.py)
+carries the rules the stack built; a backend given no dense mask/bias but a pattern (the
+recorder's math on a flex model, a backend swapped in by verify) evaluates it densely once.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from .patterns import Pattern
 
 
 def math_attention(
@@ -26,15 +33,20 @@ def math_attention(
     is_causal: bool = False,
     scale: float,
     dropout_p: float = 0.0,
+    softcap: float | None = None,
+    pattern: Pattern | None = None,
     need_weights: bool = False,
 ) -> Tensor | tuple[Tensor, Tensor]:
-    """softmax(q k^T * scale + bias, masked) v with an fp32 softmax. Returns (B, H, T, E)
+    """softmax(softcap(q k^T * scale) + bias, masked) v with an fp32 softmax. Returns (B, H, T, E)
     and, with need_weights, the post-softmax weights (B, H, T, S)."""
+    mask, bias = dense_inputs(mask, bias, is_causal, pattern)
     B, H, T, E = q.shape
     K, S = k.shape[1], k.shape[2]
     # Group the query heads that share a K/V head instead of repeating K/V: (B, K, G, T, E).
     qg = q.view(B, K, H // K, T, E)
     scores = (qg.float() @ k.float().unsqueeze(2).transpose(-1, -2)).view(B, H, T, S) * scale
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)  # Gemma 2: keeps logits in (-cap, cap)
     if bias is not None:
         scores = scores + bias
     if is_causal:
@@ -61,8 +73,14 @@ def sdpa_attention(
     is_causal: bool = False,
     scale: float,
     dropout_p: float = 0.0,
+    softcap: float | None = None,
+    pattern: Pattern | None = None,
 ) -> Tensor:
     """torch.nn.functional.scaled_dot_product_attention with the reference's semantics."""
+    if softcap is not None:  # SDPA cannot soft-cap inside its kernel: explicit scores
+        return math_attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
+                              dropout_p=dropout_p, softcap=softcap, pattern=pattern)  # fmt: skip
+    mask, bias = dense_inputs(mask, bias, is_causal, pattern)
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and (T != S or bias is not None or mask is not None):
         # SDPA's own is_causal aligns the triangle top-left when T != S and refuses an extra mask;
@@ -94,3 +112,11 @@ def causal_triangle(T: int, S: int, device: torch.device, mask: Tensor | None) -
     """The lower triangle aligned bottom-right (query i sees keys <= i + S - T), AND ``mask``."""
     tri = torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)[None, None]  # (1, 1, T, S)
     return tri if mask is None else tri & mask
+
+
+def dense_inputs(mask: Tensor | None, bias: Tensor | None, is_causal: bool, pattern: Pattern | None):
+    """The dense (mask, bias) to use: the given ones, or the pattern's dense form when the caller
+    prepared none (is_causal alone needs neither)."""
+    if mask is None and bias is None and not is_causal and pattern is not None:
+        return pattern.dense()
+    return mask, bias

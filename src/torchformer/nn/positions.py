@@ -1,7 +1,9 @@
 """Position schemes. Absolute ones return a (B, T, D) term added to the embeddings, RoPE returns
 (cos, sin) rows for the attention to rotate q and k with, ALiBi and relative bias return an
 additive (B, H, T, S) score bias. All are indexed by per-row positions (B, T), so left-padded
-rows and cached decoding see the same values as an unpadded full forward.
+rows and cached decoding see the same values as an unpadded full forward. The two score biases
+are defined once as rules of (b, h, q_idx, kv_idx) (``rule``, see nn/patterns.py): their dense
+``forward`` evaluates that rule on index grids and flex calls it inside the kernel.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
+from .patterns import Rule, dense_bias
 
 
 def position_angles(n_pos: int, dim: int, base: float) -> Tensor:
@@ -142,29 +146,48 @@ class ALiBiBias(nn.Module):
     def __init__(self, n_heads: int) -> None:
         super().__init__()
         self.n_heads = n_heads
+        self.params: tuple[Tensor, ...] = ()  # nothing learned
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
-        slopes = alibi_slopes(self.n_heads).view(1, -1, 1, 1)  # (1, H, 1, 1)
-        self.register_buffer("slopes", placed(slopes, device), persistent=False)
+        self.register_buffer("slopes", placed(alibi_slopes(self.n_heads), device), persistent=False)  # (H,)
+
+    def rule(self, q_pos: Tensor, k_pos: Tensor) -> Rule:
+        """Positions (B, T), (B, S) -> the bias of (b, h, q, kv)."""
+        slopes = self.slopes
+        return lambda b, h, q, kv: -slopes[h] * (q_pos[b, q] - k_pos[b, kv]).abs()
 
     def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # (B, T), (B, S) -> (B, H, T, S)
-        distance = (q_pos[:, None, :, None] - k_pos[:, None, None, :]).abs()
-        return -self.slopes * distance
+        return dense_bias(self.rule(q_pos, k_pos), q_pos.shape[0], self.n_heads, q_pos.shape[1], k_pos.shape[1],
+                          q_pos.device)  # fmt: skip
 
 
 class RelativePositionBias(nn.Module):
     """T5's learned bias: relative distance -> log-spaced bucket -> one scalar per head.
 
     Half the buckets are exact small distances, the rest grow logarithmically up to
-    max_distance. Bidirectional models spend half the buckets on each direction.
+    max_distance. Bidirectional models spend half the buckets on each direction. The bucket of
+    every relative distance in [-max_len, max_len] is computed once into a table, so the rule
+    (and flex's score_mod) is two lookups, bit-identical wherever it is evaluated.
     """
 
-    def __init__(self, n_heads: int, num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+    def __init__(
+        self, n_heads: int, num_buckets: int, max_distance: int, bidirectional: bool, max_len: int = 1024
+    ) -> None:
         super().__init__()
         self.num_buckets, self.max_distance = num_buckets, max_distance
-        self.bidirectional = bidirectional
+        self.bidirectional, self.n_heads, self.max_len = bidirectional, n_heads, max_len
         self.weight = nn.Parameter(torch.zeros(num_buckets, n_heads))
+        self.reset_buffers()
+
+    @property
+    def params(self) -> tuple[Tensor, ...]:
+        """The learned tensors the rule reads (flex's backward returns their gradients)."""
+        return (self.weight,)
+
+    def reset_buffers(self, device: torch.device | None = None) -> None:
+        relative = torch.arange(-self.max_len, self.max_len + 1, device="cpu")  # (2 max_len + 1,)
+        self.register_buffer("buckets", placed(self.bucket(relative), device), persistent=False)
 
     def bucket(self, relative: Tensor) -> Tensor:
         """relative = key_pos - query_pos -> bucket index in [0, num_buckets)."""
@@ -180,6 +203,11 @@ class RelativePositionBias(nn.Module):
         large = (exact + (log_ratio * (n_buckets - exact)).long()).clamp(max=n_buckets - 1)
         return offset + torch.where(distance < exact, distance, large)
 
+    def rule(self, q_pos: Tensor, k_pos: Tensor) -> Rule:
+        """Positions (B, T), (B, S) -> the bias of (b, h, q, kv): weight[bucket(k - q), h]."""
+        weight, buckets, shift = self.weight, self.buckets, self.max_len
+        return lambda b, h, q, kv: weight[buckets[k_pos[b, kv] - q_pos[b, q] + shift], h]
+
     def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # (B, T), (B, S) -> (B, H, T, S)
-        buckets = self.bucket(k_pos[:, None, :] - q_pos[:, :, None])  # (B, T, S)
-        return self.weight[buckets].permute(0, 3, 1, 2)
+        return dense_bias(self.rule(q_pos, k_pos), q_pos.shape[0], self.n_heads, q_pos.shape[1], k_pos.shape[1],
+                          q_pos.device)  # fmt: skip
