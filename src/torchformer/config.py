@@ -30,7 +30,7 @@ Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
-Backend = Literal["math", "sdpa"]
+Backend = Literal["math", "sdpa", "flex", "auto"]
 Init = Literal["normal", "xavier"]
 GATED: frozenset[str] = frozenset({"swiglu", "geglu"})
 
@@ -65,7 +65,10 @@ class AttentionConfig(_Validated):
 
     ``bias`` covers the q/k/v projections; ``out_bias`` the output projection (None: same as bias;
     Qwen2 has q/k/v bias without an output bias). ``sliding_window`` limits each query to the
-    last W keys (Mistral).
+    last W keys (Mistral). ``backend``: "sdpa", "math" (the reference), "flex" (FlexAttention:
+    biases and masks inside the kernel) or "auto" (the fastest exact path per forward; README).
+    ``scale`` overrides the score scale 1/sqrt(head_dim) (T5: 1.0, Gemma 2:
+    query_pre_attn_scalar ** -0.5); ``softcap`` caps scores as cap * tanh(score / cap) (Gemma 2: 50).
     """
 
     _prefix = "attention."
@@ -78,6 +81,8 @@ class AttentionConfig(_Validated):
     dropout: float = 0.0
     backend: Backend = "sdpa"
     sliding_window: int | None = None
+    scale: float | None = None
+    softcap: float | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -105,6 +110,11 @@ class AttentionConfig(_Validated):
         _check_choice(p, "attention.backend", self.backend, Backend)
         if self.sliding_window is not None:
             _check(p, self.sliding_window >= 1, "attention.sliding_window", self.sliding_window, "must be >= 1")
+        for name in ("scale", "softcap"):
+            value = getattr(self, name)
+            if value is not None:
+                ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
+                _check(p, ok, f"attention.{name}", value, "must be a finite number > 0 (or None)")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ so one file lists every option; after build, no forward reads the config or comp
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from functools import partial
 
@@ -25,6 +26,7 @@ from ..config import (
     Sinusoidal,
     YaRN,
 )
+from ..nn import flex
 from ..nn.attention import Attention
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.block import Block, post_norm, pre_norm
@@ -54,6 +56,7 @@ from ..nn.rope_scaling import (
     yarn_attention_factor,
     yarn_inv_freq,
 )
+from ..nn.routing import auto_attention, auto_preparer, prepare_dense, prepare_flex
 from .stack import Embeddings, Stack, embed_scale
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
@@ -71,7 +74,13 @@ MLPS = {  # mlp word -> (module, activation)
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),
 }
-BACKENDS = {"math": math_attention, "sdpa": sdpa_attention}
+BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "flex": flex.flex_attention, "auto": auto_attention}
+PREPARES = {  # backend word -> what its context needs, built once per forward (nn/routing.py)
+    "math": lambda softcap, flex_ok: prepare_dense,
+    "sdpa": lambda softcap, flex_ok: prepare_dense,
+    "flex": lambda softcap, flex_ok: prepare_flex,
+    "auto": auto_preparer,
+}
 RESIDUALS = {"pre": pre_norm, "post": post_norm}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
@@ -140,7 +149,9 @@ def score_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
     pos, heads = cfg.positions, cfg.attention.n_heads
     table = {
         ALiBi: lambda: ALiBiBias(heads),
-        RelativeBias: lambda: RelativePositionBias(heads, pos.num_buckets, pos.max_distance, not causal),
+        RelativeBias: lambda: RelativePositionBias(
+            heads, pos.num_buckets, pos.max_distance, not causal, max_len=cfg.max_seq_len
+        ),
     }
     make = table.get(type(pos))
     return None if make is None else make()
@@ -167,6 +178,8 @@ def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
         dropout=a.dropout,
         backend=BACKENDS[a.backend],
         rotate=rotate,
+        scale=a.scale,
+        softcap=a.softcap,
     )
 
 
@@ -193,7 +206,20 @@ def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False)
         rope=rope,
         score_bias=score_bias(cfg, causal),
         window=cfg.attention.sliding_window if causal else None,
+        n_heads=cfg.attention.n_heads,
+        prepare=PREPARES[cfg.attention.backend](cfg.attention.softcap, flex_runs(cfg.attention.backend)),
     )
+
+
+def flex_runs(backend: str) -> bool:
+    """Whether flex can run here: "flex" forced where it cannot is an error, "auto" warns once
+    and keeps to the dense paths."""
+    reason = flex.unavailable_reason(torch.get_default_device()) if backend in ("flex", "auto") else None
+    if reason is not None and backend == "flex":
+        raise ValueError(f"attention.backend='flex' cannot run here: {reason}; use 'auto', 'sdpa' or 'math'")
+    if reason is not None:
+        warnings.warn(f"attention.backend='auto' will not use flex: {reason}", stacklevel=3)
+    return reason is None
 
 
 def embedding(n: int, dim: int) -> nn.Embedding:
