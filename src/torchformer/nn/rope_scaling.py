@@ -114,6 +114,7 @@ class DynamicNTKTable(nn.Module):
     def __init__(self, dim: int, base: float, factor: float, original: int) -> None:
         super().__init__()
         self.dim, self.base, self.factor, self.original = dim, base, factor, original
+        self.relative_up_to = original  # longer inputs change the base: not offsets only (verify)
 
     def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:  # (B, T) -> (B, 1, T, E/2) each
         inv_freq = dynamic_inv_freq(self.dim, self.base, self.factor, self.original, pos.max() + 1)
@@ -129,6 +130,7 @@ class LongRoPETable(nn.Module):
         super().__init__()
         self.args = (short_inv_freq, long_inv_freq)
         self.original, self.attention_factor = original, attention_factor
+        self.relative_up_to = original  # up to here one rule: offsets only (verify)
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:

@@ -152,11 +152,14 @@ def relative_positions(r: Runner) -> Row:
     pos = r.cfg.positions
     if not isinstance(pos, RoPE | ALiBi | RelativeBias):
         return not_applicable("relative positions", f"positions are {type(pos).__name__ if pos else 'None'}")
-    shift = min(37, r.cfg.max_seq_len - r.T)
-    if shift < 1:
-        return not_applicable("relative positions", "max_seq_len leaves no room to shift")
-    ids = r.ids(2, r.T)
-    base = torch.arange(r.T, device=r.device)
+    room = relative_room(r)
+    # A length-dependent RoPE (room < max_seq_len) is checked below its original length.
+    T = r.T if room == r.cfg.max_seq_len else min(r.T, room // 2)
+    shift = min(37, room - T)
+    if T < 2 or shift < 1:
+        return not_applicable("relative positions", f"a purely relative length of {room} leaves no room to shift")
+    ids = r.ids(2, T)
+    base = torch.arange(T, device=r.device)
     diff = rel_diff(r.out(ids, positions=base + shift), r.out(ids, positions=base))
     if isinstance(pos, RoPE):
         diff = max(diff, rope_offset_error(r))
@@ -170,6 +173,14 @@ def relative_positions(r: Runner) -> Row:
     )
 
 
+def relative_room(r: Runner) -> int:
+    """The longest length whose outputs depend only on offsets: max_seq_len, or less for RoPE
+    tables that choose frequencies by the current length (dynamic NTK, LongRoPE: up to their
+    original length, ``relative_up_to``)."""
+    limits = [getattr(m, "relative_up_to", None) for m in r.model.modules()]
+    return min([r.cfg.max_seq_len, *(n for n in limits if n is not None)])
+
+
 def rope_offset_error(r: Runner) -> float:
     """max over offset-preserving shifts of |<R_m q, R_n k> - <R_m' q, R_n' k>| / |q||k|."""
     stacks = [s for s in r.model.modules() if getattr(s, "rope", None) is not None and hasattr(s, "blocks")]
@@ -177,7 +188,7 @@ def rope_offset_error(r: Runner) -> float:
     rotate = stack.blocks[0].attn.rotate
     E = r.cfg.head_dim
     q, k = torch.randn(2, 1, 1, 1, E, generator=r.gen).to(r.device)
-    top = r.cfg.max_seq_len - 1
+    top = relative_room(r) - 1
     pairs = [(5, 2), (9, 6), (top, top - 3)]
 
     def score(m: int, n: int) -> float:
