@@ -75,3 +75,15 @@ def test_compiled_speculative_equals_plain_greedy(aot_eager):
     plain = tfm.generate(model, ids, max_new_tokens=20)
     assert torch.equal(tfm.generate(model, ids, max_new_tokens=20, draft_model=draft, compile=True), plain)
     assert torch.equal(tfm.generate(model, ids, max_new_tokens=20, prompt_lookup_num_tokens=3, compile=True), plain)
+
+
+def test_compiled_beam_search_equals_eager(aot_eager):
+    import torchformer as tfm
+
+    v = variants(("encoder_decoder",))[0]
+    model = build(v, init_std=0.1, n_layers=1)
+    src = torch.randint(1, model.config.vocab_size, (2, 6))
+    kw = dict(beam_size=3, max_new_tokens=10, decoder_start_token_id=0)
+    eager, compiled = tfm.beam_search(model, src, **kw), tfm.beam_search(model, src, compile=True, **kw)
+    assert torch.equal(compiled.sequences, eager.sequences)
+    torch.testing.assert_close(compiled.scores, eager.scores, rtol=0, atol=1e-4)

@@ -66,11 +66,13 @@ def beam_search(
     attention_mask: Tensor | None = None,
     pad_token_id: int | None = None,
     decoder_start_token_id: int | None = None,
+    compile: bool = False,
 ) -> Beams:
     """The n_best highest-scoring continuations of each row of input_ids (B, T) (the source for an
     EncoderDecoder, the prompt for a DecoderLM; masks as in ``generate``). See the module
     docstring for the score. sequences start with the prompt (DecoderLM) or the decoder start
-    token (EncoderDecoder), like ``generate``'s output."""
+    token (EncoderDecoder), like ``generate``'s output. ``compile=True`` compiles the step
+    (batch x beam rows, static shapes) once."""
     req = make_request(
         model,
         input_ids,
@@ -85,12 +87,12 @@ def beam_search(
     if n_best > beam_size:
         raise ValueError(f"n_best={n_best}: must be <= beam_size={beam_size}")
     check_float("length_penalty", length_penalty, lambda a: True, "must be a finite number")
-    sequences, scores = search(model, req, beam_size, n_best, float(length_penalty))
+    sequences, scores = search(model, req, beam_size, n_best, float(length_penalty), bool(compile))
     return Beams(sequences.clone(), scores.clone())  # clone: normal tensors, usable with autograd
 
 
 @torch.inference_mode()
-def search(model, req: Request, beam_size: int, n_best: int, length_penalty: float) -> Beams:
+def search(model, req: Request, beam_size: int, n_best: int, length_penalty: float, compiled: bool = False) -> Beams:
     """The search itself, on validated arguments (module docstring)."""
     max_new_tokens = req.max_new_tokens
     logits, cache, pos, prefix = prefill(model, req)
@@ -103,7 +105,7 @@ def search(model, req: Request, beam_size: int, n_best: int, length_penalty: flo
     eos = set() if req.eos is None else set(req.eos.tolist())
     items = [Item(n_best, max_new_tokens, length_penalty) for _ in range(B)]
     beams: list[list[int]] = [[] for _ in range(B * K)]
-    step = step_function(req.seq2seq, False)
+    step = step_function(req.seq2seq, compiled)
     for length in range(1, max_new_tokens + 1):
         cand = (totals.view(B * K, 1) + logp).view(B, K * V)
         top, index = cand.topk(min(K * (len(eos) + 1), K * V), dim=1)  # enough to find K non-EOS
