@@ -80,3 +80,14 @@ def check_positions(positions: Tensor | None, ids: Tensor, cache, max_seq_len: i
             f"positions reach {hi} but the cache holds max_len={cache.max_len} positions; "
             "allocate a larger cache with new_cache(batch_size, max_len)"
         )
+
+
+def check_documents(document_ids: Tensor | None, ids: Tensor, cache) -> None:
+    """Packed rows: integer document ids of the ids' shape, and no cache (training only)."""
+    if document_ids is None:
+        return
+    if not isinstance(document_ids, Tensor) or document_ids.dtype.is_floating_point or document_ids.dtype == torch.bool:
+        raise TypeError(f"document_ids must be an integer tensor, got {getattr(document_ids, 'dtype', document_ids)!r}")
+    check_mask(document_ids, "document_ids", ids, "input_ids")
+    if cache is not None:
+        raise ValueError("document_ids (packed rows) cannot be combined with cache=...: pack for training only")

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..nn.kv_cache import KVCache
-from .checks import check_ids, check_mask, check_positions
+from .checks import check_documents, check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from
 
 
@@ -24,25 +24,32 @@ class DecoderLM(nn.Module):
         positions: Tensor | None = None,
         attention_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """input_ids (B, T) -> logits (B, T, V).
 
         attention_mask (B, T): 1 for real tokens, 0 for padding (left padding for generation).
         With ``cache`` (from ``new_cache``), ``positions`` (T,) or (B, T) are the positions of
         these tokens; their keys and values are stored there for later steps.
+        document_ids (B, T): packed rows; attention stays inside each run of equal ids and
+        positions restart at each run (training; not with a cache).
         """
         check_ids(input_ids, "input_ids", self.config.vocab_size, self.config.max_seq_len)
         check_mask(attention_mask, "attention_mask", input_ids, "input_ids")
         check_positions(positions, input_ids, cache, self.config.max_seq_len)
-        return self.logits(input_ids, positions_from(input_ids, positions, attention_mask), attention_mask, cache)
+        check_documents(document_ids, input_ids, cache)
+        pos = positions_from(input_ids, positions, attention_mask, document_ids)
+        return self.lm_head(self.hidden(input_ids, pos, attention_mask, cache, document_ids))  # (B, T, V)
 
     def logits(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
         """The unchecked forward (generation loops and compiled steps call this)."""
         return self.lm_head(self.hidden(ids, pos, attention_mask, cache))  # (B, T, V)
 
-    def hidden(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+    def hidden(
+        self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None, document_ids=None
+    ) -> Tensor:
         """Unchecked final hidden states (B, T, D); a prefill applies lm_head to the last one only."""
-        ctx = self.stack.context(pos, attention_mask, cache)
+        ctx = self.stack.context(pos, attention_mask, cache, document_ids)
         return self.stack(self.embed(ids, pos), ctx, cache)
 
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:

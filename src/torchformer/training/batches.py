@@ -131,3 +131,21 @@ class PairBatches:
         order = sorted(range(len(self.val)), key=lambda i: len(self.val[i][0]) + len(self.val[i][1]))
         chunks = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
         return [self.collate([self.val[i] for i in c]) for c in chunks[:n]]
+
+
+class PackedLMBatches(LMBatches):
+    """data.pack: LM windows over the concatenated documents (each ends in EOS), with document
+    ids (B, T) so attention stays inside each document and positions restart at each one. The
+    label that would cross into the next document is ignored. Nothing is padding."""
+
+    def __init__(self, train, val, train_docs: np.ndarray, val_docs: np.ndarray, *, batch_size, seq_len, seed):
+        super().__init__(train, val, batch_size=batch_size, seq_len=seq_len, seed=seed)
+        self.docs = {id(train): train_docs, id(val): val_docs}
+
+    def make(self, tokens: np.ndarray, starts: Tensor) -> Batch:
+        w = _windows(tokens, starts, self.seq_len + 1)  # (B, T + 1)
+        index = starts[:, None].numpy() + np.arange(self.seq_len + 1)  # (B, T + 1) token offsets
+        doc = np.searchsorted(self.docs[id(tokens)], index, side="right") - 1
+        doc = torch.from_numpy(doc - doc[:, :1])  # (B, T + 1), 0 for each window's first document
+        labels = w[:, 1:].masked_fill(doc[:, 1:] != doc[:, :-1], IGNORE)
+        return {"ids": w[:, :-1], "labels": labels, "document_ids": doc[:, :-1]}

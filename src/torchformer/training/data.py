@@ -30,6 +30,8 @@ class TextData:
     tokenizer: TextTokenizer
     train: np.ndarray  # (N,) token ids, memory-mapped
     val: np.ndarray
+    train_docs: np.ndarray | None = None  # data.pack: (n_docs,) start offset of each document
+    val_docs: np.ndarray | None = None
 
 
 @dataclass
@@ -88,6 +90,28 @@ def read_text(source: str) -> tuple[str, str]:
     text = "\n".join(docs)
     cut = int(len(text) * 0.9)
     return text[:cut], text[cut:]
+
+
+def read_documents(source: str) -> tuple[list[str], list[str]]:
+    """(train documents, validation documents) of a text source, for data.pack: the plays, the
+    files of a folder, the lines of a JSONL file, or the blank-line separated paragraphs of a text
+    file. Split by document (every 10th held out; with fewer than 10, the last one)."""
+    if source == "shakespeare":
+        from .corpus import dialogue, play_files
+
+        docs = [dialogue(text) for _, text in play_files()]
+    else:
+        path = _check_path(source)
+        if path.is_dir():
+            docs = [f.read_text(encoding="utf-8") for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
+        elif path.suffix == ".jsonl":
+            docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
+        else:
+            docs = path.read_text(encoding="utf-8").split("\n\n")
+    docs = [d for d in docs if d.strip()]
+    if len(docs) < 2:
+        raise ValueError(f"data.pack=true needs at least 2 documents in data.source={source!r}, found {len(docs)}")
+    return _split(docs, source) if len(docs) >= VAL_EVERY else (docs[:-1], docs[-1:])
 
 
 def _lines(path: Path):
@@ -184,7 +208,10 @@ def prepare(data_spec: dict, cache_dir: str | os.PathLike, *, build: bool = True
     tok = load_text_tokenizer(meta["tokenizer"], (cache / "tokenizer.json").read_text())
     dtype = np.dtype(meta["dtype"])
     if not pairs:
-        return TextData(tok, *(np.memmap(cache / f"{s}.bin", dtype=dtype, mode="r") for s in ("train", "val")))
+        tokens = [np.memmap(cache / f"{s}.bin", dtype=dtype, mode="r") for s in ("train", "val")]
+        docs = [np.fromfile(cache / f"{s}.docs.bin", dtype=np.int64) if data_spec.get("pack") else None
+                for s in ("train", "val")]  # fmt: skip
+        return TextData(tok, *tokens, *docs)
     return PairData(tok, *(_load_pairs(cache, s, dtype) for s in ("train", "val")))
 
 
@@ -201,6 +228,8 @@ def _build(data_spec: dict, cache: Path, key: str, pairs: bool) -> None:
             flat = np.concatenate([np.concatenate([s, t]) for s, t in encoded] or [np.zeros(0, np.int64)])
             _write_atomic(cache / f"{split}.bin", flat.astype(dtype).tobytes())
             _write_atomic(cache / f"{split}.len.json", json.dumps(lengths.tolist()).encode())
+    elif data_spec.get("pack"):
+        tok, dtype = _build_documents(data_spec, cache)
     else:
         train, val = read_text(data_spec["source"])
         tok = build_tokenizer(kind, train + val if kind == "char" else train, vocab_size=vocab)
@@ -210,6 +239,20 @@ def _build(data_spec: dict, cache: Path, key: str, pairs: bool) -> None:
     _write_atomic(cache / "tokenizer.json", tok.to_json().encode())
     meta = {"key": key, "tokenizer": kind, "dtype": dtype.name, "vocab_size": tok.vocab_size}
     _write_atomic(cache / "meta.json", json.dumps(meta).encode())  # written last: marks the cache complete
+
+
+def _build_documents(data_spec: dict, cache: Path) -> tuple[TextTokenizer, np.dtype]:
+    """data.pack: each document's tokens then EOS, concatenated, plus each document's start."""
+    kind, vocab = data_spec["tokenizer"], data_spec["bpe_vocab_size"]
+    train, val = read_documents(data_spec["source"])
+    tok = build_tokenizer(kind, "\n".join(train + val if kind == "char" else train), vocab_size=vocab)
+    dtype = _dtype(tok.vocab_size)
+    for split, docs in (("train", train), ("val", val)):
+        encoded = [np.append(tok.encode(d), tok.eos_id) for d in docs]
+        starts = np.cumsum([0] + [len(e) for e in encoded[:-1]]).astype(np.int64)
+        _write_atomic(cache / f"{split}.bin", np.concatenate(encoded).astype(dtype).tobytes())
+        _write_atomic(cache / f"{split}.docs.bin", starts.tobytes())
+    return tok, dtype
 
 
 def _load_pairs(cache: Path, split: str, dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:

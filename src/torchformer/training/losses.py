@@ -29,7 +29,8 @@ class CausalLM(nn.Module):
 
     def forward(self, batch: Batch, smoothing: float | None = None) -> Tensor:
         """Summed loss over the batch's target tokens; smoothing overrides the training value."""
-        return token_loss(self.model(batch["ids"]), batch["labels"], _pick(smoothing, self.smoothing))
+        logits = self.model(batch["ids"], document_ids=batch.get("document_ids"))  # packed rows carry document ids
+        return token_loss(logits, batch["labels"], _pick(smoothing, self.smoothing))
 
 
 class MaskedLM(CausalLM):

@@ -43,8 +43,16 @@ class Data:
     seq_len: int = 64
     mlm_probability: float = 0.15
     synthetic: dict = field(default_factory=dict)  # source "reverse": keys of SYNTHETIC_DEFAULTS
+    pack: bool = False  # lm: windows packed from whole documents, attention kept inside each
 
     def __post_init__(self) -> None:
+        if not isinstance(self.pack, bool):
+            raise ValueError(f"data.pack={self.pack!r}: must be true or false")
+        if self.pack and self.task != "lm":
+            raise ValueError(
+                f"data.pack=true with data.task={self.task!r}: packing is for the causal lm task only "
+                "(seq2seq batches pairs by length; mlm windows need no document boundaries)"
+            )
         unknown = sorted(set(self.synthetic) - set(SYNTHETIC_DEFAULTS))
         if unknown:
             raise ValueError(f"unknown key(s) data.synthetic.{unknown}; allowed: {sorted(SYNTHETIC_DEFAULTS)}")
@@ -83,6 +91,7 @@ class Train:
     seed: int = 1337
     device: str = "auto"
     threads: int | None = None  # CPU threads for torch (None: torch's default, one per core)
+    deterministic: bool | None = None  # fixed-order kernels: None = on for CPU, off for CUDA/MPS (determinism.py)
     keep_host_memory: bool = True  # CPU: glibc keeps freed memory (no page faults per step; host_memory.py)
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: bool = False

@@ -4,8 +4,10 @@ setup (process group, device, seeds) -> data (tokenized once, cached) -> model a
 optimizer and schedule -> resume -> wrap (DDP/FSDP, compile) -> loop: batch, accumulate, clip,
 step, log, evaluate, checkpoint -> final checkpoint, loss plot.
 
-Batches are a pure function of (seed, step) and the dropout RNG is checkpointed, so a resumed
-run continues bit-exactly where an uninterrupted one would be (CPU, single process).
+Batches are a pure function of (seed, step), every rank's dropout RNG and the running loss window
+are checkpointed, and ``train.deterministic`` (default on for CPU) makes the kernels sum in a fixed
+order, so a resumed run continues bit-exactly where an uninterrupted one would be, at any thread
+count and world size as long as they are the same before and after (determinism.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from ..analysis.accounting import flops_per_token, matmul_peak_flops
 from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
+from . import determinism
 from . import distributed as dist
-from .batches import LMBatches, MLMBatches, PairBatches, n_targets, rows
+from .batches import LMBatches, MLMBatches, PackedLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
 from .losses import ARCH_OF_TASK, OBJECTIVES
 from .optim import adamw
@@ -65,7 +68,10 @@ def train(
         torch.set_num_threads(t.threads)
     if t.keep_host_memory and rt.device.type == "cpu":
         keep_freed_memory()
-    try:
+    exact = determinism.resolve(t.deterministic, rt.device)
+    with contextlib.ExitStack() as scope:
+        scope.callback(dist.teardown)
+        scope.enter_context(determinism.deterministic(exact, rt.device))  # before the model is built
         out = Path(t.out_dir)
         data = load_data(recipe, out, rt)
         batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
@@ -86,10 +92,11 @@ def train(
         schedule = Schedule(
             s.name, recipe.optim.lr, s.warmup, t.steps, s.min_ratio, s.decay_fraction, cfg.d_model, s.factor
         )
-        start, elapsed = 0, 0.0
+        start, elapsed, window = 0, 0.0, (0.0, 0)
+        facts = determinism.run_facts(exact, rt.world)
         found = resume_point(resume, out)
         if found is not None:
-            start, elapsed = restore(found, model, optimizer, rt, recipe.dist.strategy)
+            start, elapsed, window = restore(found, model, optimizer, rt, recipe.dist.strategy, facts)
             reporter.message(f"resumed from {found} at step {start}")
         metrics_file = out / "metrics.jsonl"
         if rt.is_main:
@@ -103,12 +110,13 @@ def train(
         with torch.random.fork_rng(devices=[]):  # the timing's random matrices must not shift the dropout stream
             peak = matmul_peak_flops()
         evals = batches.eval_batches(t.eval_batches)
-        save = partial(save_state, recipe=recipe, out=out, model=model, optimizer=optimizer, tok=tok, rt=rt)
+        save = partial(save_state, recipe=recipe, out=out, model=model, optimizer=optimizer, tok=tok, rt=rt,
+                       facts=facts)  # fmt: skip
         reporter.start({"recipe": recipe.name, "params": sum(p.numel() for p in model.parameters()),
                         "device": str(rt.device), "world": rt.world, "start": start, "steps": t.steps,
                         "peak_gflops": peak / 1e9, "out_dir": str(out)})  # fmt: skip
 
-        wall0, window_loss, window_tokens, val_loss = time.perf_counter(), 0.0, 0, float("nan")
+        wall0, (window_loss, window_tokens), val_loss = time.perf_counter(), window, float("nan")
         step = start
         if start == 0:  # the untrained baseline (about ln(vocab_size)), so every run shows its progress
             val_loss = evaluate(objective, evals, rt.device, amp)
@@ -153,7 +161,7 @@ def train(
                     append_metrics(metrics_file, row)
                     reporter.evaluate(row)
             if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps or out_of_time:
-                save(step=step, elapsed=elapsed)
+                save(step=step, elapsed=elapsed, window=(window_loss, window_tokens))
             if out_of_time:
                 reporter.message(f"stopped at step {step} (train.max_time_s={t.max_time_s}, stop_after={stop_after})")
                 break
@@ -164,8 +172,6 @@ def train(
         return Result(
             step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data, metrics=metrics
         )
-    finally:
-        dist.teardown()
 
 
 # -- the pieces, in the order train() uses them ---------------------------------------------------
@@ -198,6 +204,9 @@ def make_batches(recipe: Recipe, data):
         return MLMBatches(data.train, data.val, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed,
                           mask_id=data.tokenizer.mask_id, ordinary=data.tokenizer.ordinary_ids(),
                           p=d.mlm_probability)  # fmt: skip
+    if d.pack:
+        return PackedLMBatches(data.train, data.val, data.train_docs, data.val_docs, batch_size=t.batch_size,
+                               seq_len=d.seq_len, seed=t.seed)  # fmt: skip
     return LMBatches(data.train, data.val, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
 
 
@@ -224,18 +233,22 @@ def resume_point(resume: str | None, out: Path) -> Path | None:
     return path
 
 
-def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy: str) -> tuple[int, float]:
+def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy: str, facts: dict):
+    """Weights, optimizer, this rank's RNG; returns (step, elapsed seconds, running loss window)."""
     saved = ckpt.load_checkpoint(path)
     state = saved["state"]
+    determinism.warn_if_different(state.get("run", {}), facts, path)
     optim_state = ckpt.optimizer_state(saved["optim"], state["optimizer"])
     if not dist.scatter_state(model, optimizer, saved["model"], optim_state, strategy, rt.world):
         ckpt.load_model_state(model, {k: v.to(rt.device) for k, v in saved["model"].items()})
         optimizer.load_state_dict(optim_state)
-    if rt.world == 1:
-        ckpt.restore_rng(saved["rng"], rt.device)
-    else:  # only rank 0's RNG is saved: give every rank a fresh, distinct dropout stream
+    rng = ckpt.rank_rng(saved["rng"], rt.rank)
+    if rng is not None:
+        ckpt.restore_rng(rng, rt.device)
+    else:  # saved by another world size: a fresh, distinct dropout stream per rank (not bit-exact)
         torch.manual_seed(state["seed"] + rt.rank + 7919 * state["step"])
-    return state["step"], state["elapsed_s"]
+    window = state.get("window", [0.0, 0])
+    return state["step"], state["elapsed_s"], (window[0], window[1])
 
 
 def autocast(precision: str, device: torch.device):
@@ -279,14 +292,16 @@ def evaluate(objective: nn.Module, evals, device: torch.device, amp) -> float:
     return total / max(1, count)
 
 
-def save_state(*, step: int, elapsed: float, recipe: Recipe, out: Path, model, optimizer, tok, rt) -> None:
+def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe: Recipe, out: Path, model, optimizer,
+               tok, rt, facts: dict) -> None:  # fmt: skip
     weights, optim_state = dist.gather_state(model, optimizer, recipe.dist.strategy, rt.world)  # all ranks
+    rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every rank's dropout stream, collected on rank 0
     if not rt.is_main:
         dist.barrier()
         return
     state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
-             "tokenizer_kind": tok.kind}  # fmt: skip
+             "tokenizer_kind": tok.kind, "window": list(window), "run": facts}  # fmt: skip
     ckpt.save_checkpoint(out, step, model_state=weights, config=model.config.to_dict(),
                          tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optim_state),
-                         rng=ckpt.rng_state(rt.device), state=state, keep_last=recipe.train.keep_last)  # fmt: skip
+                         rng=rng, state=state, keep_last=recipe.train.keep_last)  # fmt: skip
     dist.barrier()
