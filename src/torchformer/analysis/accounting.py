@@ -185,6 +185,30 @@ def training_bytes(
     return parts
 
 
+def weight_bytes(
+    cfg: ModelConfig,
+    dtype: torch.dtype | str = torch.float32,
+    *,
+    quantize: str | None = None,
+    group_size: int | None = None,
+    lm_head: bool = True,
+) -> int:
+    """Bytes of the weights as ``tfm.save`` stores them: float tensors in ``dtype``, and with
+    ``quantize`` ("int8" | "int4", see ``tfm.quantize``) the integer weights plus their fp32 scales
+    (int8: N*K + 4N per projection; int4: N*K/2 + 4*N*K/group_size) and a tied head's quantized
+    copy. Exact: the model is built and quantized on the meta device, where nothing is allocated."""
+    from ..models.build import build_model
+    from ..models.quantize import quantize as quantize_model
+    from ..models.saving import unique_state
+
+    dt = as_dtype(dtype)
+    with torch.device("meta"):
+        model = build_model(cfg).to(dt)
+        if quantize is not None:
+            quantize_model(model, quantize, group_size=group_size, lm_head=lm_head)
+    return sum(t.numel() * t.element_size() for t in unique_state(model).values())
+
+
 def mfu(tokens_per_second: float, flops_per_token: int | float, peak_flops: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s (tokens/s x FLOPs per token, e.g.
     ``flops_per_token(cfg, T).training``) over ``peak_flops`` (FLOP/s, stated or measured with

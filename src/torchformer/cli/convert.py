@@ -23,6 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model-type", help="with --to-hf: force a family (llama, mistral, qwen2, gpt2, bert, bart, marian)"
     )
+    p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="with --from-hf: save it quantized")
+    p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,16 +32,25 @@ def run(args: argparse.Namespace) -> int:
 
     torchformer convert --from-hf HF_DIR --out CKPT    HF folder -> torchformer checkpoint
     torchformer convert --to-hf CKPT --out HF_DIR      torchformer checkpoint -> HF folder
+    torchformer convert --from-hf HF_DIR --out CKPT --quantize int8   ... saved weight-only int8
 
     tokenizer.json is copied along when the source folder has one. Nothing is downloaded.
     """
-    from .. import load_any, save
+    from .. import load_any, quantize, save
     from ..interop import from_hf, to_hf
 
+    if args.quantize is not None and args.from_hf is None:
+        raise ValueError(f"--quantize {args.quantize} works with --from-hf (HF folders hold float weights)")
+    if args.group_size is not None and args.quantize is None:
+        raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
     if args.from_hf is not None:
         model = from_hf(args.from_hf, rope_pairing=args.rope_pairing, strict=not args.no_strict)
+        n_params = sum(p.numel() for p in model.parameters())
+        if args.quantize is not None:
+            model = quantize(model, args.quantize, group_size=args.group_size)
         out = save(model, args.out, extra_files=_tokenizer(args.from_hf))
-        kind = f"torchformer checkpoint ({model.config.arch}, {sum(p.numel() for p in model.parameters()):,} params)"
+        kind = f"torchformer checkpoint ({model.config.arch}, {n_params:,} params"
+        kind += f", {args.quantize} weights)" if args.quantize else ")"
     else:
         model = load_any(args.to_hf)
         text = _tokenizer(args.to_hf).get(TOKENIZER)

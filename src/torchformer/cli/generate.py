@@ -11,6 +11,7 @@ import torch
 
 from ..generation.generate import stream
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer
+from ..models.quantize import quantize
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
     p.add_argument("--compile", action="store_true", help="torch.compile the decode step (slow first call)")
-    p.add_argument("--verbose", action="store_true", help="print prefill time and tokens/s at the end")
+    p.add_argument("--verbose", action="store_true", help="print prefill time, tokens/s (and acceptance) at the end")
+    p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantize before generating")
+    p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
+    guess = p.add_mutually_exclusive_group()
+    guess.add_argument("--draft", metavar="MODEL", help="speculative decoding with this draft (folder or preset)")
+    guess.add_argument("--prompt-lookup", type=int, metavar="K", help="speculative: K tokens by prompt lookup")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="with --draft: tokens guessed per round (4)")
 
 
 def parse_ids(text: str) -> list[int]:
@@ -78,6 +85,11 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = tokenizer_for(args.checkpoint, needed=args.prompt is not None)
     prompt = tokenizer.encode(args.prompt).ids if args.prompt is not None else parse_ids(args.ids)
     model = load_any(args.checkpoint).eval()
+    if args.group_size is not None and args.quantize is None:
+        raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
+    if args.quantize is not None:
+        model = quantize(model, args.quantize, group_size=args.group_size)
+    draft = None if args.draft is None else load_any(args.draft).eval()
     eos = model.config.eos_token_id if args.eos_id is None else args.eos_id
     seq2seq = hasattr(model, "encode")
     t0 = time.perf_counter()
@@ -94,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
         eos_token_id=eos,
         seed=args.seed,
         compile=args.compile,
+        draft_model=draft,
+        num_draft_tokens=args.num_draft_tokens,
+        prompt_lookup_num_tokens=args.prompt_lookup,
     )
     printer = Printer(tokenizer)
     if args.stream and not seq2seq:
@@ -116,4 +131,11 @@ def run(args: argparse.Namespace) -> int:
             f"{len(new)} tokens; prefill + first token {1000 * (first - t0):.1f} ms; decode {rate:.1f} tokens/s",
             file=sys.stderr,
         )
+        acceptance = getattr(tokens, "acceptance", None)
+        if acceptance is not None:
+            print(
+                f"speculative: {acceptance.accepted} of {acceptance.proposed} guessed tokens accepted "
+                f"({acceptance.rate:.1%}) in {acceptance.rounds} target forwards",
+                file=sys.stderr,
+            )
     return 0

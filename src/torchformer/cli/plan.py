@@ -16,8 +16,10 @@ from ..analysis.accounting import (
     mfu,
     param_breakdown,
     training_bytes,
+    weight_bytes,
 )
 from ..config import ModelConfig
+from ..models.quantize import DEFAULT_GROUP_SIZE
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peak-tflops", default=None, help="hardware peak in TFLOP/s for MFU, or 'measure' (an fp32 CPU matmul timing)"
     )
+    p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="report weight bytes after tfm.quantize")
+    p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
 
 
 def config_of(spec: str) -> ModelConfig:
@@ -119,6 +123,16 @@ def memory_lines(cfg: ModelConfig, seq_len: int, batch: int, dtype: str) -> list
     return out
 
 
+def quantized_line(cfg: ModelConfig, dtype: str, scheme: str | None, group_size: int | None) -> str:
+    """Weight bytes after weight-only quantization (what a decode step streams, nearly)."""
+    if scheme is None:
+        raise ValueError(f"--group-size={group_size} needs --quantize int4")
+    q = weight_bytes(cfg, dtype, quantize=scheme, group_size=group_size)
+    full = weight_bytes(cfg, dtype)
+    group = f", group {group_size or DEFAULT_GROUP_SIZE}" if scheme == "int4" else ""
+    return f"quantized     {scheme}{group}: weights {human(q)} ({q / full:.1%} of {human(full)} in {dtype})"
+
+
 def run(args: argparse.Namespace) -> int:
     """Print a model's cost from its config alone (no weights are loaded; llama3-8b is instant).
 
@@ -128,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
     seq_len keys; training = 3x forward. Give --tokens-per-second and --peak-tflops for MFU.
 
     torchformer plan llama3-8b --seq-len 8192 --dtype bfloat16
+    torchformer plan llama3-8b --quantize int4 --group-size 128
     """
     cfg = config_of(args.model)
     seq_len = cfg.max_seq_len if args.seq_len is None else args.seq_len
@@ -139,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     name = Path(args.model).name if Path(args.model).is_dir() else str(args.model)
     for line in lines_for(cfg, name, seq_len, args.batch_size, dtype):
         print(line)
+    if args.quantize is not None or args.group_size is not None:
+        print(quantized_line(cfg, dtype, args.quantize, args.group_size))
     if args.tokens_per_second is not None and args.peak_tflops is not None:
         peak = peak_flops(args.peak_tflops)
         util = mfu(args.tokens_per_second, flops_per_token(cfg, seq_len).training, peak)
