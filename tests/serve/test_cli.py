@@ -13,6 +13,7 @@ import time
 
 import httpx2 as httpx
 import pytest
+import torch
 
 from tests.serve.conftest import client
 
@@ -93,3 +94,15 @@ def test_bad_model_is_a_clear_error():
         timeout=120,
     )
     assert result.returncode == 2 and "neither a folder" in result.stderr
+
+
+def test_quantize_uses_tfm_quantize_or_says_it_is_missing():
+    import torchformer as tfm
+    from torchformer.cli.serve import loader
+
+    if getattr(tfm, "quantize", None) is None:
+        with pytest.raises(ValueError, match="--quantize int8: this build has no tfm.quantize"):
+            loader("llama-tiny", "int8", 0)
+    else:
+        assert isinstance(loader("llama-tiny", "int8", 0)(), torch.nn.Module)
+    assert isinstance(loader("llama-tiny", None, 0)(), tfm.DecoderLM)

@@ -96,8 +96,9 @@ def test_served_equals_generate_with_staggered_arrivals_reuse_and_cancellation(v
             return inner(m, ids, pos, live, cache)
 
         engine.step_fn = hooked
-        for i in ARRIVALS[0]:
-            submit(i)
+        with engine.wake:  # the engine admits none of these before all are queued
+            for i in ARRIVALS[0]:
+                submit(i)
         for i, sink in enumerate(sinks):
             if i != CANCEL_AT[4]:
                 assert sink.ended.wait(30), f"request {i} did not finish"
@@ -254,3 +255,28 @@ def test_engine_arguments_are_checked():
         make_engine(None, slots=0)
     with pytest.raises(ValueError, match="request_timeout"):
         make_engine(None, request_timeout=0)
+
+
+@pytest.mark.slow
+def test_compiled_step_serves_what_generate_gives(tiny):
+    """--compile: every step runs all R rows through one compiled graph (no recompiles)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    engine = make_engine(tiny, slots=3, compile=True)
+    try:
+        prompts, n = [[5, 6, 7], [9, 1], [4, 4, 4, 4]], 8
+        sinks = [Collect() for _ in prompts]
+        for p, sink in zip(prompts, sinks):
+            engine.submit(p, options(n), sink)
+        for sink in sinks:
+            assert sink.ended.wait(300)
+        late = Collect()  # after the others: reuses a row, same graph
+        engine.submit([3, 2, 1], options(n, temperature=0.7, seed=2), late)
+        assert late.ended.wait(60)
+    finally:
+        engine.stop()
+    for p, sink in zip(prompts, sinks):
+        assert sink.tokens == generate_alone(tiny, p, n, {})
+    assert late.tokens == generate_alone(tiny, [3, 2, 1], n, {"temperature": 0.7, "seed": 2})
+    assert list(engine.views) == [(3, tiny.config.max_seq_len)]  # one shape of step: all rows and slots

@@ -30,14 +30,26 @@ from .text import Texts
 log = logging.getLogger(__name__)
 
 
-def rows_view(cache: KVCache, start: int, stop: int) -> KVCache:
-    """Rows start..stop-1 of the cache as a cache; index_put_ through the views writes it in place."""
-    return KVCache([LayerCache(c.k[start:stop], c.v[start:stop]) for c in cache.layers], cache.max_len)
+SPAN = 64  # attended key slots come in multiples of this: few shapes, little attention to empty slots
+
+
+def span(positions: int, max_len: int) -> int:
+    """Key slots to attend over when positions 0..positions-1 are in use."""
+    return min(max_len, -(-positions // SPAN) * SPAN)
+
+
+def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
+    """Rows start..stop-1 and slots 0..length-1 of the cache, with slot ``length`` as the hidden
+    slot; index_put_ through the views writes the cache in place. The hidden slot of a short view
+    is a real slot of the cache, so an idle row may leave a dummy key there: harmless, since a
+    row writes every position before any of its queries can see it."""
+    layers = [LayerCache(c.k[start:stop, :, : length + 1], c.v[start:stop, :, : length + 1]) for c in cache.layers]
+    return KVCache(layers, length)
 
 
 def prefill_row(model, cache: KVCache, row: int, prompt: list[int]) -> Tensor:
     """Run one prompt into row ``row`` of the cache: logits (1, V) for its first new token."""
-    view = rows_view(cache, row, row + 1)
+    view = rows_view(cache, row, row + 1, span(len(prompt), cache.max_len))
     device = cache.layers[0].k.device
     ids = torch.tensor([prompt], device=device)  # (1, T)
     pos = torch.arange(len(prompt), device=device)[None, :]  # (1, T)
@@ -147,7 +159,7 @@ class Engine:
                 self.eos = frozenset([] if cfg.eos_token_id is None else [cfg.eos_token_id])
                 self.texts = self.make_texts(cfg.vocab_size)
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
-                self.views: dict[int, KVCache] = {}  # rows 0..n-1 of the cache, by n
+                self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = (
                     torch.compile(decode_rows, dynamic=False, fullgraph=True) if self.compile else decode_rows
                 )
@@ -220,17 +232,20 @@ class Engine:
     def step(self) -> None:
         """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
         jobs = [j for j in self.rows if j is not None]
-        # Only rows 0..n-1 (admission takes the lowest free row): a lone request costs a one-row
-        # step, not an R-row one. Compiled, every step has all R rows: one graph, no recompiles.
-        n = self.slots if self.compile else 1 + max(j.row for j in jobs)
-        if n not in self.views:
-            self.views[n] = rows_view(self.cache, 0, n)
+        # Only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a lone
+        # short request costs a one-row step over a short cache, not an R-row one over max_len.
+        # Compiled, every step has all R rows and slots: one graph, no recompiles.
+        n, length = self.slots, self.cache.max_len
+        if not self.compile:
+            n, length = 1 + max(j.row for j in jobs), span(max(j.pos for j in jobs), length)
+        if (n, length) not in self.views:
+            self.views[n, length] = rows_view(self.cache, 0, n, length)
         rows = self.rows[:n]
         ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in rows], device=self.device)  # (n, 1)
         pos = torch.tensor([[0 if j is None else j.pos - 1] for j in rows], device=self.device)  # (n, 1)
         live = torch.tensor([[j is not None] for j in rows], device=self.device)  # (n, 1)
         try:
-            logits = self.step_fn(self.model, ids, pos, live, self.views[n])  # (n, V)
+            logits = self.step_fn(self.model, ids, pos, live, self.views[n, length])  # (n, V)
         except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
             log.exception("decode step failed")
             for job in jobs:
