@@ -62,6 +62,15 @@ def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
     return out
 
 
+def rank_rng(tensors: dict[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor] | None:
+    """Rank ``rank``'s states from a checkpoint's rng tensors: rank 0's are saved as ``cpu``/``cuda``,
+    rank r's as ``cpu.rank{r}``. None when the checkpoint has none for this rank (another world size)."""
+    if rank == 0:
+        return {k: v for k, v in tensors.items() if "." not in k}
+    mine = {k.rsplit(".", 1)[0]: v for k, v in tensors.items() if k.endswith(f".rank{rank}")}
+    return mine or None
+
+
 def restore_rng(tensors: dict[str, torch.Tensor], device: torch.device) -> None:
     torch.set_rng_state(tensors["cpu"])
     if device.type == "cuda" and "cuda" in tensors:

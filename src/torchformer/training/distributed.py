@@ -117,6 +117,20 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: s
     return {n: full[n].contiguous() for n in names if n in full}, optim
 
 
+def gather_rng(local: dict[str, torch.Tensor], rt: Runtime) -> dict[str, torch.Tensor]:
+    """Every rank's RNG states, for rank 0 to save: rank 0's under their own names, rank r's as
+    ``name.rank{r}`` (checkpoint.rank_rng reads them back). A collective: every rank calls it."""
+    if rt.world == 1:
+        return local
+    out = dict(local)
+    for name, state in sorted(local.items()):
+        on_wire = state.to(rt.device)  # NCCL moves CUDA tensors only; gloo, CPU ones
+        parts = [torch.empty_like(on_wire) for _ in range(rt.world)]
+        dist.all_gather(parts, on_wire)
+        out.update({f"{name}.rank{r}": parts[r].cpu() for r in range(1, rt.world)})
+    return out
+
+
 def scatter_state(model: nn.Module, optimizer, weights: dict, optim_state: dict, strategy: str, world: int) -> bool:
     """Load whole saved state into a sharded (FSDP) model; False when not sharded (caller loads)."""
     if world == 1 or strategy == "ddp":
