@@ -1,7 +1,7 @@
 """The variant grid every equivalence test runs over (DESIGN section 7).
 
-A full product of the axes is 3*2*2*7*5*3*2*2 = 5040 models; a pairwise (all-pairs) covering array
-takes every pair of values of every two axes at least once in 36 rows. Bugs that need one
+A full product of the axes is 3*2*2*8*5*3*2*2 = 5760 models; a pairwise (all-pairs) covering array
+takes every pair of values of every two axes at least once in 41 rows. Bugs that need one
 setting or the interaction of two settings (e.g. RoPE x cache, ALiBi x GQA, post-norm x cross
 attention) are then caught at a cost of tens of tiny models. The array is generated
 deterministically by a greedy AETG-style construction, so a failing row has a stable id.
@@ -20,12 +20,22 @@ from functools import cache
 import torch
 
 import torchformer as tfm
+from torchformer.config import YaRN
 
 AXES: dict[str, tuple] = {
     "arch": ("decoder", "encoder", "encoder_decoder"),
     "norm": ("layernorm", "rmsnorm"),
     "placement": ("pre", "post"),
-    "position": ("sinusoidal", "learned", "rope-half", "rope-interleaved", "alibi", "relative_bias", "none"),
+    "position": (
+        "sinusoidal",
+        "learned",
+        "rope-half",
+        "rope-interleaved",
+        "rope-partial-yarn",
+        "alibi",
+        "relative_bias",
+        "none",
+    ),
     "mlp": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
     "heads": ("mha", "gqa", "mqa"),
     "backend": ("math", "sdpa"),
@@ -39,6 +49,10 @@ POSITIONS = {
     "learned": tfm.Learned,
     "rope-half": lambda: tfm.RoPE(pairing="half"),
     "rope-interleaved": lambda: tfm.RoPE(pairing="interleaved"),
+    # Partial rotary (half of each 8-wide head) with a static scaling that bites at grid lengths.
+    "rope-partial-yarn": lambda: tfm.RoPE(
+        pairing="interleaved", fraction=0.5, scaling=YaRN(factor=4.0, original_max_seq_len=16)
+    ),
     "alibi": tfm.ALiBi,
     # Few buckets and a short max distance so test sequences reach the log-spaced buckets.
     "relative_bias": lambda: tfm.RelativeBias(num_buckets=8, max_distance=20),

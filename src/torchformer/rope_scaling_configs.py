@@ -23,7 +23,7 @@ class LinearScaling(_Validated):
     factor: float
 
     def _problems(self, p: list[str]) -> None:
-        _check(p, self.factor > 0, "positions.scaling.factor", self.factor, "must be > 0")
+        _above(p, self, "factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
         return None
@@ -41,14 +41,7 @@ class DynamicNTK(_Validated):
     original_max_seq_len: int
 
     def _problems(self, p: list[str]) -> None:
-        _check(p, self.factor > 0, "positions.scaling.factor", self.factor, "must be > 0")
-        _check(
-            p,
-            self.original_max_seq_len >= 1,
-            "positions.scaling.original_max_seq_len",
-            self.original_max_seq_len,
-            "must be >= 1",
-        )
+        _above(p, self, "factor", "original_max_seq_len")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
         _check(p, dim > 2, "positions.scaling", "dynamic", f"needs more than 2 rotated features, got {dim}")
@@ -67,21 +60,13 @@ class Llama3Scaling(_Validated):
     original_max_seq_len: int = 8192
 
     def _problems(self, p: list[str]) -> None:
-        _check(p, self.factor > 0, "positions.scaling.factor", self.factor, "must be > 0")
-        _check(p, self.low_freq_factor > 0, "positions.scaling.low_freq_factor", self.low_freq_factor, "must be > 0")
+        _above(p, self, "factor", "low_freq_factor", "original_max_seq_len")
         _check(
             p,
             self.high_freq_factor > self.low_freq_factor,
             "positions.scaling.high_freq_factor",
             self.high_freq_factor,
             f"must be > low_freq_factor={self.low_freq_factor}",
-        )
-        _check(
-            p,
-            self.original_max_seq_len >= 1,
-            "positions.scaling.original_max_seq_len",
-            self.original_max_seq_len,
-            "must be >= 1",
         )
 
     def width_problems(self, dim: int, p: list[str]) -> None:
@@ -106,25 +91,7 @@ class YaRN(_Validated):
     truncate: bool = True
 
     def _problems(self, p: list[str]) -> None:
-        if self.factor is not None:
-            _check(p, self.factor > 0, "positions.scaling.factor", self.factor, "must be > 0 or None")
-        _check(
-            p,
-            self.original_max_seq_len >= 1,
-            "positions.scaling.original_max_seq_len",
-            self.original_max_seq_len,
-            "must be >= 1",
-        )
-        _check(p, self.beta_fast > 0, "positions.scaling.beta_fast", self.beta_fast, "must be > 0")
-        _check(p, self.beta_slow > 0, "positions.scaling.beta_slow", self.beta_slow, "must be > 0")
-        if self.attention_factor is not None:
-            _check(
-                p,
-                self.attention_factor > 0,
-                "positions.scaling.attention_factor",
-                self.attention_factor,
-                "must be > 0 or None",
-            )
+        _above(p, self, "factor", "original_max_seq_len", "beta_fast", "beta_slow", "attention_factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
         return None
@@ -160,23 +127,7 @@ class LongRoPE(_Validated):
             value = getattr(self, name)
             ok = isinstance(value, tuple) and all(_number(x) and x > 0 for x in value)
             _check(p, ok, f"positions.scaling.{name}", value, "must be a list of numbers > 0")
-        _check(
-            p,
-            self.original_max_seq_len >= 1,
-            "positions.scaling.original_max_seq_len",
-            self.original_max_seq_len,
-            "must be >= 1",
-        )
-        if self.factor is not None:
-            _check(p, self.factor > 0, "positions.scaling.factor", self.factor, "must be > 0 or None")
-        if self.attention_factor is not None:
-            _check(
-                p,
-                self.attention_factor > 0,
-                "positions.scaling.attention_factor",
-                self.attention_factor,
-                "must be > 0 or None",
-            )
+        _above(p, self, "original_max_seq_len", "factor", "attention_factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
         for name in ("short_factor", "long_factor"):
@@ -191,6 +142,14 @@ class LongRoPE(_Validated):
 
     def resolved_factor(self, max_seq_len: int) -> float:
         return max_seq_len / self.original_max_seq_len if self.factor is None else self.factor
+
+
+def _above(p: list[str], obj: object, *names: str) -> None:
+    """Each named field must be > 0; None (an optional field left unset) is skipped."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None:
+            _check(p, value > 0, f"positions.scaling.{name}", value, "must be > 0")
 
 
 def _number(x: object) -> bool:

@@ -387,7 +387,7 @@ BAD = {
         "positions.scaling.high_freq_factor=2.0: must be > low_freq_factor=4.0",
     ),
     "yarn beta": (lambda: YaRN(factor=2.0, original_max_seq_len=16, beta_slow=0.0), "beta_slow=0.0: must be > 0"),
-    "yarn original": (lambda: YaRN(factor=2.0, original_max_seq_len=0), "original_max_seq_len=0: must be >= 1"),
+    "yarn original": (lambda: YaRN(factor=2.0, original_max_seq_len=0), "original_max_seq_len=0: must be > 0"),
     "dynamic original type": (
         lambda: DynamicNTK(factor=2.0, original_max_seq_len=16.5),
         "original_max_seq_len=16.5: must be an integer",
