@@ -197,6 +197,7 @@ def _label(ax, axis: str, labels: Sequence[str] | None, fig) -> None:
     if axis == "y":
         ax.set_yticks(where, text, fontsize=LABEL_PT)
     else:
-        ax.set_xticks(where, text, fontsize=LABEL_PT, rotation=90)
+        # Upright when every label is a character or two (char-level models), else rotated.
+        ax.set_xticks(where, text, fontsize=LABEL_PT, rotation=90 if max(map(len, text)) > 2 else 0)
     if step > 1:  # say that labels were thinned, and how
         getattr(ax, f"set_{axis}label")(f"1 token in {step} labelled", fontsize=LABEL_PT)
