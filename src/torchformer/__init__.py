@@ -10,11 +10,16 @@ from .config import (
     ALiBi,
     AttentionConfig,
     BlockConfig,
+    DynamicNTK,
     Learned,
+    LinearScaling,
+    Llama3Scaling,
+    LongRoPE,
     ModelConfig,
     RelativeBias,
     RoPE,
     Sinusoidal,
+    YaRN,
 )
 from .generation import beam_search, generate, stream
 from .interop import from_hf, to_hf
@@ -33,6 +38,11 @@ __all__ = [
     "ALiBi",
     "AttentionConfig",
     "BlockConfig",
+    "DynamicNTK",
+    "LinearScaling",
+    "Llama3Scaling",
+    "LongRoPE",
+    "YaRN",
     "DecoderLM",
     "Encoder",
     "EncoderDecoder",

@@ -1,6 +1,8 @@
 """Llama, Mistral and Qwen2: one layout (pre-RMSNorm, RoPE, GQA, SwiGLU) with three switches:
 Llama's attention_bias/mlp_bias, Mistral's sliding window, Qwen2's q/k/v bias without an o bias.
 
+RoPE base, scaling (linear, dynamic, llama3, yarn, longrope) and max_position_embeddings are read
+and written by hf_rope.py; partial rotary is refused (HF Llama rotates whole heads).
 HF stores q/k rows in the half-split RoPE layout; loading with pairing "interleaved" permutes
 them (n_heads rows for q, n_kv_heads for k), and exporting permutes them back.
 """
