@@ -179,7 +179,7 @@ def train(
 
 def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
     """Rank 0 tokenizes into <out_dir>/data; the other ranks wait, then read the same cache."""
-    spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size")}
+    spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size", "pack")}
     spec["synthetic"] = recipe.data.synthetic if recipe.data.task == "seq2seq" else {}
     if rt.is_main:
         data = prepare(spec, out / "data")
