@@ -251,3 +251,16 @@ def test_llama3x_presets_count_what_transformers_builds(name):
         model = T.LlamaForCausalLM(T.LlamaConfig(**hf))
     assert tfm.count_params(cfg) == sum(p.numel() for p in model.parameters())
     assert tfm.count_params(cfg) == {"llama3.2-1b": 1_235_814_400, "llama3.1-8b": 8_030_261_248}[name]
+
+
+@pytest.mark.parametrize("name", ["linear", "llama3", "yarn", "longrope", "dynamic"])
+def test_transformers_4x_rope_scaling_reads_as_the_5x_form(tmp_path, folders, name):
+    """Older config.json files: top-level rope_theta and rope_scaling with "type" or "rope_type"."""
+    hf = json.loads((folders(name) / "config.json").read_text())
+    params = dict(hf.pop("rope_parameters"))
+    hf["rope_theta"] = params.pop("rope_theta")
+    params["type"] = params.pop("rope_type")
+    hf["rope_scaling"] = params
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    old, new = config_from_hf(tmp_path), config_from_hf(folders(name))
+    assert old == new and old.positions.scaling is not None
