@@ -119,3 +119,28 @@ def test_save_refuses_a_directory(tmp_path):
     with pytest.raises(ValueError, match="is a directory"):
         view.save(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("backend", ["flex", "auto"])
+@pytest.mark.parametrize("position", ["alibi", "relative_bias"])
+def test_flex_and_auto_models_give_the_page_of_the_math_model(backend, position):
+    """Recording reads weights from the math reference whatever the backend: the page of a flex or
+    auto model equals the page of the same weights built on math."""
+    import dataclasses
+
+    from tests.grid import build, config
+
+    v = dict(variants(["decoder"])[0], position=position, backend="math")
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    pages = []
+    for name in (backend, "math"):
+        attention = dataclasses.replace(config(v).attention, backend=name)
+        model = build(v, seed=3, attention=attention)
+        with torch.no_grad(), record_attention(model) as rec:
+            model(ids, attention_mask=mask)
+        pages.append(page_data(to_html(rec, [str(i) for i in ids[1].tolist()], mask=mask, batch_index=1).html))
+    for got, want in zip(pages[0]["groups"][0]["layers"], pages[1]["groups"][0]["layers"]):
+        torch.testing.assert_close(got["w"], want["w"], atol=1e-6, rtol=0)
+        assert got["stats"] == want["stats"]
