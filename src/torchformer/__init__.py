@@ -3,7 +3,7 @@
 The public surface (DESIGN section 5) is re-exported here; no logic lives in this file.
 """
 
-from . import analysis, presets
+from . import analysis, lora, presets
 from ._version import __version__
 from .analysis.accounting import count_params, flops_per_token, kv_cache_bytes
 from .config import (
@@ -63,6 +63,7 @@ __all__ = [
     "load",
     "load_any",
     "load_tokenizer",
+    "lora",
     "presets",
     "quantize",
     "save",
