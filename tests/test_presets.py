@@ -37,6 +37,8 @@ PUBLISHED = {  # name: (exact count we must build, published figure, relative to
     "gpt2-small": (124_439_808, 124_439_808, 0.0),
     "llama2-7b": (6_738_415_616, 6_738_415_616, 0.0),
     "llama3-8b": (8_030_261_248, 8_030_261_248, 0.0),
+    "llama3.1-8b": (8_030_261_248, 8_030_261_248, 0.0),  # Llama 3 with llama3-scaled RoPE: same weights
+    "llama3.2-1b": (1_235_814_400, 1.23e9, 0.01),  # model card: 1.23B (tied embeddings)
     "bert-base": (109_482_240 - (768 * 768 + 768), 110e6, 0.02),  # published 110M incl. pooler
     "minilm-l6": (22_713_216 - (384 * 384 + 384), 22.7e6, 0.01),  # HF card 22.7M incl. pooler
     # Vaswani 2017 table 3: 65M and 213M; shared 37000-token embeddings, no final norm (post-LN).
