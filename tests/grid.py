@@ -1,7 +1,7 @@
 """The variant grid every equivalence test runs over (DESIGN section 7).
 
-A full product of the axes is 3*2*2*8*5*3*2*2 = 5760 models; a pairwise (all-pairs) covering array
-takes every pair of values of every two axes at least once in 41 rows. Bugs that need one
+A full product of the axes is 3*2*4*8*6*3*2*2 = 13824 models; a pairwise (all-pairs) covering array
+takes every pair of values of every two axes at least once in 50 rows. Bugs that need one
 setting or the interaction of two settings (e.g. RoPE x cache, ALiBi x GQA, post-norm x cross
 attention) are then caught at a cost of tens of tiny models. The array is generated
 deterministically by a greedy AETG-style construction, so a failing row has a stable id.
@@ -25,7 +25,7 @@ from torchformer.config import YaRN
 AXES: dict[str, tuple] = {
     "arch": ("decoder", "encoder", "encoder_decoder"),
     "norm": ("layernorm", "rmsnorm"),
-    "placement": ("pre", "post"),
+    "placement": ("pre", "post", "parallel", "parallel_shared"),
     "position": (
         "sinusoidal",
         "learned",
@@ -36,7 +36,7 @@ AXES: dict[str, tuple] = {
         "relative_bias",
         "none",
     ),
-    "mlp": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu"),
+    "mlp": ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh"),
     "heads": ("mha", "gqa", "mqa"),
     "backend": ("math", "sdpa"),
     "bias": (False, True),

@@ -28,11 +28,14 @@ from .rope_scaling_configs import SCALING_KINDS, DynamicNTK, LinearScaling, Llam
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Norm = Literal["layernorm", "rmsnorm"]
-Placement = Literal["pre", "post"]
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu"]
+# "parallel": x + attn(norm1 x) + mlp(norm2 x) (GPT-NeoX use_parallel_residual); "parallel_shared":
+# x + attn(n x) + mlp(n x) with one norm (GPT-J, Phi-2). Words of the one residual wiring, so
+# placement stays a single choice (they exclude pre and post) and RESIDUALS stays one table.
+Placement = Literal["pre", "post", "parallel", "parallel_shared"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 Backend = Literal["math", "sdpa", "flex", "auto"]
 Init = Literal["normal", "xavier"]
-GATED: frozenset[str] = frozenset({"swiglu", "geglu"})
+GATED: frozenset[str] = frozenset({"swiglu", "geglu", "geglu_tanh"})
 
 
 __all__ = [
@@ -277,7 +280,7 @@ class ModelConfig:
 
     @property
     def has_final_norm(self) -> bool:
-        return self.block.norm_placement == "pre" if self.final_norm is None else self.final_norm
+        return self.block.norm_placement != "post" if self.final_norm is None else self.final_norm
 
     @property
     def is_causal(self) -> bool:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchformer as tfm
-from torchformer.nn.block import post_norm, pre_norm
+from torchformer.nn.block import parallel, parallel_shared, post_norm, pre_norm
 
 from .. import grid
 
@@ -34,16 +34,18 @@ def test_ties_and_shared_tables():
     assert d.lm_head.weight is not d.embed.tok.weight
 
 
-@pytest.mark.parametrize("placement", ["pre", "post"])
+@pytest.mark.parametrize("placement", ["pre", "post", "parallel", "parallel_shared"])
 def test_residual_placement_and_final_norm(placement):
     v = dict(grid.variants(("decoder",))[0], placement=placement)
     m = grid.build(v)
-    assert m.stack.blocks[0].residual is {"pre": pre_norm, "post": post_norm}[placement]
+    wirings = {"pre": pre_norm, "post": post_norm, "parallel": parallel, "parallel_shared": parallel_shared}
+    assert m.stack.blocks[0].residual is wirings[placement]
     assert isinstance(m.stack.final_norm, torch.nn.Identity) == (placement == "post")
-    # pre: x + f(norm(x)); post: norm(x + f(x))
+    assert isinstance(m.stack.blocks[0].mlp_norm, torch.nn.Identity) == (placement == "parallel_shared")
+    # pre: x + f(norm(x)); post: norm(x + f(x)) (tests/nn/test_residual.py covers the parallel forms)
     norm, f, x = torch.nn.LayerNorm(4), torch.tanh, torch.randn(3, 4)
-    assert torch.equal(pre_norm(x, norm, f), x + f(norm(x)))
-    assert torch.equal(post_norm(x, norm, f), norm(x + f(x)))
+    assert torch.equal(pre_norm(x, [(norm, f)]), x + f(norm(x)))
+    assert torch.equal(post_norm(x, [(norm, f)]), norm(x + f(x)))
 
 
 def test_encoder_token_types_and_embedding_norm():

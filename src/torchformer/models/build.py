@@ -29,7 +29,7 @@ from ..config import (
 from ..nn import flex
 from ..nn.attention import Attention
 from ..nn.backends import math_attention, sdpa_attention
-from ..nn.block import Block, post_norm, pre_norm
+from ..nn.block import Block, parallel, parallel_shared, post_norm, pre_norm
 from ..nn.linear import Linear
 from ..nn.mlp import MLP, GatedMLP
 from ..nn.norms import LayerNorm, RMSNorm
@@ -73,6 +73,7 @@ MLPS = {  # mlp word -> (module, activation)
     "silu": (MLP, "silu"),
     "swiglu": (GatedMLP, "silu"),
     "geglu": (GatedMLP, "gelu"),
+    "geglu_tanh": (GatedMLP, "gelu_tanh"),  # T5 v1.1 / Flan-T5 "gated-gelu": gelu_new(wi_0 x) * wi_1 x
 }
 BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "flex": flex.flex_attention, "auto": auto_attention}
 PREPARES = {  # backend word -> what its context needs, built once per forward (nn/routing.py)
@@ -81,7 +82,7 @@ PREPARES = {  # backend word -> what its context needs, built once per forward (
     "flex": lambda softcap, flex_ok: prepare_flex,
     "auto": auto_preparer,
 }
-RESIDUALS = {"pre": pre_norm, "post": post_norm}
+RESIDUALS = {"pre": pre_norm, "post": post_norm, "parallel": parallel, "parallel_shared": parallel_shared}
 ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
 SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
 QUANT_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}  # tfm.quantize scheme -> module (weight-only)
@@ -162,6 +163,12 @@ def norm(cfg: ModelConfig) -> nn.Module:
     return NORMS[b.norm](cfg.d_model, eps=b.norm_eps, bias=b.norm_bias)
 
 
+def later_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm of a block's second and third sublayers; "parallel_shared" reuses the first one's
+    (GPT-J, Phi-2), so these are Identity there and hold no weights."""
+    return nn.Identity() if cfg.block.norm_placement == "parallel_shared" else norm(cfg)
+
+
 def dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
@@ -189,11 +196,11 @@ def block(cfg: ModelConfig, rotate: Callable | None, cross: bool) -> Block:
         attention(cfg, rotate),
         norm(cfg),
         mlp_cls(cfg.d_model, cfg.d_ff, ACTIVATIONS[act], cfg.block.bias),
-        norm(cfg),
+        later_norm(cfg),
         residual=RESIDUALS[cfg.block.norm_placement],
         dropout=dropout(cfg.block.dropout),
         cross_attn=attention(cfg, None) if cross else None,
-        cross_norm=norm(cfg) if cross else None,
+        cross_norm=later_norm(cfg) if cross else None,
     )
 
 

@@ -1,7 +1,10 @@
 """A residual block: self-attention, optional cross-attention, MLP, each a residual sublayer.
 
-Where the norm sits is chosen once at build time: pre-norm x + f(norm(x)) (GPT-2, Llama) or
-post-norm norm(x + f(x)) (Vaswani 2017, BERT, BART).
+How the sublayers meet the residual stream is chosen once at build time (RESIDUALS in
+models/build.py), as a function of the block input and its (norm, f) sublayers in order:
+pre-norm x + f(norm(x)) in turn (GPT-2, Llama), post-norm norm(x + f(x)) in turn (Vaswani 2017,
+BERT, BART), or parallel, where every sublayer reads the block input and the outputs are summed
+(GPT-J, GPT-NeoX use_parallel_residual, PaLM section 2).
 """
 
 from __future__ import annotations
@@ -12,15 +15,37 @@ from torch import Tensor, nn
 
 from .attention import Attention, AttnInputs
 
-Residual = Callable[[Tensor, nn.Module, Callable[[Tensor], Tensor]], Tensor]
+Sublayer = tuple[nn.Module, Callable[[Tensor], Tensor]]  # (its norm, the sublayer)
+Residual = Callable[[Tensor, list[Sublayer]], Tensor]
 
 
-def pre_norm(x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
-    return x + f(norm(x))
+def pre_norm(x: Tensor, sublayers: list[Sublayer]) -> Tensor:
+    for norm, f in sublayers:
+        x = x + f(norm(x))
+    return x
 
 
-def post_norm(x: Tensor, norm: nn.Module, f: Callable[[Tensor], Tensor]) -> Tensor:
-    return norm(x + f(x))
+def post_norm(x: Tensor, sublayers: list[Sublayer]) -> Tensor:
+    for norm, f in sublayers:
+        x = norm(x + f(x))
+    return x
+
+
+def parallel(x: Tensor, sublayers: list[Sublayer]) -> Tensor:
+    """x + attn(norm1 x) + mlp(norm2 x): one residual add per block (GPT-NeoX, Pythia)."""
+    out = x
+    for norm, f in sublayers:
+        out = out + f(norm(x))
+    return out
+
+
+def parallel_shared(x: Tensor, sublayers: list[Sublayer]) -> Tensor:
+    """x + attn(n x) + mlp(n x) with the first sublayer's norm only (GPT-J, Phi-2: one ln_1);
+    build gives the other sublayers nn.Identity, so no unused weights exist."""
+    h, out = sublayers[0][0](x), x
+    for _, f in sublayers:
+        out = out + f(h)
+    return out
 
 
 class Block(nn.Module):
@@ -51,7 +76,8 @@ class Block(nn.Module):
         cross_kv: tuple[Tensor, Tensor] | None = None,
         cross_ctx: AttnInputs | None = None,
     ) -> Tensor:
-        x = self.residual(x, self.attn_norm, lambda h: self.drop(self.attn(h, ctx, cache)))
+        sublayers = [(self.attn_norm, lambda h: self.drop(self.attn(h, ctx, cache)))]
         if cross_kv is not None:
-            x = self.residual(x, self.cross_norm, lambda h: self.drop(self.cross_attn.cross(h, cross_kv, cross_ctx)))
-        return self.residual(x, self.mlp_norm, lambda h: self.drop(self.mlp(h)))
+            sublayers.append((self.cross_norm, lambda h: self.drop(self.cross_attn.cross(h, cross_kv, cross_ctx))))
+        sublayers.append((self.mlp_norm, lambda h: self.drop(self.mlp(h))))
+        return self.residual(x, sublayers)
