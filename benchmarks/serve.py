@@ -114,7 +114,10 @@ class Server:
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()
 
     def wait_ready(self, path: str, timeout: float) -> None:
-        import httpx2 as httpx
+        try:  # the HTTP client the installed openai uses (openai 3.x: httpx2; earlier: httpx)
+            import httpx2 as httpx
+        except ImportError:
+            import httpx
 
         end = time.monotonic() + timeout
         while time.monotonic() < end:
@@ -332,6 +335,10 @@ def table(rows: dict, levels, slots: int, note: str) -> str:
             f"torchformer / transformers serve at concurrency 8: "
             f"{ours[8]['tok/s'] / theirs[8]['tok/s']:.2f}x (target >= 2x)"
         )
+    notes.append(
+        f"torchformer decodes at most --slots={slots} requests together (one static cache); at concurrency "
+        f"{2 * slots} the rest wait in its queue (see TTFT), while transformers' paged cache batches them all"
+    )
     if note:
         notes.append(re.sub(r"\s+", " ", note))
     return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"

@@ -12,6 +12,11 @@ import time
 import pytest
 import torch
 
+try:  # the HTTP client the installed openai uses (openai 3.x: httpx2; earlier: httpx)
+    import httpx2 as httpx  # noqa: F401 - the tests import it from here
+except ImportError:  # pragma: no cover
+    import httpx  # noqa: F401
+
 import torchformer as tfm
 from torchformer.serve.app import create_app
 from torchformer.serve.chat import load_chat_template

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx2 as httpx
 import pytest
 import torch
 
 import torchformer as tfm
-from tests.serve.conftest import CHAT_TEMPLATE, NAME, client
+from tests.serve.conftest import CHAT_TEMPLATE, NAME, client, httpx
 
 
 def generate_text(model, tokenizer, prompt_ids, n, **sampling) -> tuple[list[int], str]:

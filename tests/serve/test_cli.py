@@ -11,11 +11,10 @@ import sys
 import threading
 import time
 
-import httpx2 as httpx
 import pytest
 import torch
 
-from tests.serve.conftest import client
+from tests.serve.conftest import client, httpx
 
 pytestmark = pytest.mark.slow
 

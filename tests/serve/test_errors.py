@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import threading
 
-import httpx2 as httpx
 import openai
 import pytest
 
-from tests.serve.conftest import NAME, client, serving, wait_until
+from tests.serve.conftest import NAME, client, httpx, serving, wait_until
 from torchformer.serve.app import create_app
 from torchformer.serve.engine import Engine
 from torchformer.serve.text import Texts
