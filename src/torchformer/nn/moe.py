@@ -1,0 +1,168 @@
+"""Mixture-of-experts MLP: a router, batched gated experts and optional shared experts.
+
+Legend: N tokens (B * T flattened), D model width, E experts, F expert width, k experts per token.
+The router scores every token (a bias-free linear, then softmax or sigmoid, chosen at build time),
+keeps each token's top k (optionally within the best groups, DeepSeek-V3) and weights them.
+Dispatch sorts the N * k (token, expert) pairs by expert so each expert runs one matrix product
+over a contiguous slice of its tokens, then the weighted outputs are added back per token
+(index_add_): dropless, no capacity factor, no loop per token. Routing choices (which experts
+each token picked, the router logits) are reported to an explicit ``RouterRecord`` when one is
+attached by ``record_routing`` (training's balancing losses read it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .linear import Linear
+
+
+def softmax_scores(logits: Tensor) -> Tensor:
+    """Mixtral / Qwen-MoE: probabilities over all experts, in fp32."""
+    return logits.float().softmax(-1)
+
+
+def sigmoid_scores(logits: Tensor) -> Tensor:
+    """DeepSeek-V3 (section 2.1.2): independent affinities s = sigmoid(u . e), in fp32."""
+    return logits.float().sigmoid()
+
+
+def keep_all_groups(choice: Tensor) -> Tensor:
+    return choice
+
+
+def keep_top_groups(choice: Tensor, n_groups: int, topk_groups: int) -> Tensor:
+    """DeepSeek-V3 node-limited routing: score each group of experts by the sum of its two best
+    choice scores, keep the best ``topk_groups`` groups and hide every other expert.  (N, E) -> (N, E)"""
+    grouped = choice.unflatten(-1, (n_groups, -1))  # (N, G, E/G)
+    group_score = grouped.topk(2, dim=-1).values.sum(-1)  # (N, G)
+    keep = torch.zeros_like(group_score, dtype=torch.bool)
+    keep.scatter_(-1, group_score.topk(topk_groups, dim=-1).indices, True)
+    return grouped.masked_fill(~keep[..., None], float("-inf")).flatten(-2)  # (N, E)
+
+
+def renormalize(weights: Tensor) -> Tensor:
+    """The chosen weights sum to 1 (Mixtral; Qwen3-MoE norm_topk_prob; the 1e-20 is DeepSeek-V3's)."""
+    return weights / (weights.sum(-1, keepdim=True) + 1e-20)
+
+
+def keep_weights(weights: Tensor) -> Tensor:
+    return weights
+
+
+class Router(nn.Module):
+    """scores = f(x W^T); experts = top-k of (scores + selection bias) inside the kept groups;
+    weights = normalise(scores at those experts) * routed_scale. The bias only steers the choice."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        top_k: int,
+        *,
+        scores: Callable[[Tensor], Tensor],
+        limit: Callable[[Tensor], Tensor],
+        normalize: Callable[[Tensor], Tensor],
+        scale: float,
+        score_bias: bool,
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_experts, d_model))
+        # DeepSeek-V3 e_score_correction_bias: updated outside backprop (aux-loss-free balancing).
+        self.score_bias = nn.Buffer(torch.zeros(n_experts)) if score_bias else None
+        self.top_k, self.scores, self.limit, self.normalize, self.scale = top_k, scores, limit, normalize, scale
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (N, D) -> (weights (N, k) fp32, experts (N, k) long, logits (N, E))."""
+        logits = nn.functional.linear(x, self.weight)  # (N, E)
+        scores = self.scores(logits)  # (N, E) fp32
+        choice = scores if self.score_bias is None else scores + self.score_bias
+        experts = self.limit(choice).topk(self.top_k, dim=-1).indices  # (N, k)
+        weights = self.normalize(scores.gather(-1, experts)) * self.scale  # (N, k)
+        return weights, experts, logits
+
+
+class Experts(nn.Module):
+    """E gated MLPs down(act(gate x) * up x) held as batched weights (E, F, D) / (E, D, F)."""
+
+    def __init__(self, n_experts: int, d_model: int, d_expert: int, act: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        self.gate = nn.Parameter(torch.empty(n_experts, d_expert, d_model))
+        self.up = nn.Parameter(torch.empty(n_experts, d_expert, d_model))
+        self.down = nn.Parameter(torch.empty(n_experts, d_model, d_expert))
+        self.act = act
+
+    def forward(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """x (N, D), weights/experts (N, k) -> sum_j weights[:, j] * expert_{experts[:, j]}(x)  (N, D)."""
+        k = experts.shape[1]
+        flat = experts.flatten()  # (N * k,) pair p = token p // k, its (p % k)-th choice
+        order = flat.argsort(stable=True)  # pairs grouped by expert
+        token = order // k  # (N * k,) the token of each sorted pair
+        counts = torch.bincount(flat, minlength=self.gate.shape[0]).tolist()  # pairs per expert
+        xs = x[token]  # (N * k, D) tokens in expert order
+        outs = [self.expert(xs_e, e) for e, xs_e in enumerate(xs.split(counts)) if counts[e]]
+        y = torch.cat(outs) * weights.flatten()[order, None].to(x.dtype)  # (N * k, D)
+        return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
+
+    def expert(self, x: Tensor, e: int) -> Tensor:
+        """Expert e on its tokens x (n, D) -> (n, D)."""
+        h = self.act(x @ self.gate[e].T) * (x @ self.up[e].T)  # (n, F)
+        return h @ self.down[e].T
+
+
+class SharedExperts(nn.Module):
+    """Always-on experts as one gated MLP (DeepSeekMoE shared experts), optionally scaled by
+    sigmoid(gate x) per token (Qwen2-MoE shared_expert_gate)."""
+
+    def __init__(self, mlp: nn.Module, d_model: int, gated: bool) -> None:
+        super().__init__()
+        self.mlp = mlp
+        self.gate = Linear(d_model, 1, bias=False) if gated else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.mlp(x)
+        return out if self.gate is None else torch.sigmoid(self.gate(x)) * out
+
+
+class RouterOutput(NamedTuple):
+    logits: Tensor  # (N, E) router logits
+    experts: Tensor  # (N, k) chosen experts
+
+
+class MoEMLP(nn.Module):
+    """y = sum over the token's chosen experts of weight * expert(x), plus the shared experts."""
+
+    def __init__(self, router: Router, experts: Experts, shared: SharedExperts | None) -> None:
+        super().__init__()
+        self.router, self.experts, self.shared = router, experts, shared
+        self.record: list[RouterOutput] | None = None  # set only inside record_routing
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.flatten(0, -2)  # (N, D)
+        weights, experts, logits = self.router(flat)
+        if self.record is not None:
+            self.record.append(RouterOutput(logits, experts))
+        out = self.experts(flat, weights, experts)  # (N, D)
+        if self.shared is not None:
+            out = out + self.shared(flat)
+        return out.view_as(x)  # (B, T, D)
+
+
+@contextlib.contextmanager
+def record_routing(model: nn.Module) -> Iterator[list[RouterOutput]]:
+    """``with record_routing(model) as routed: model(ids)``: one RouterOutput per MoE layer call,
+    in call order. The list is the explicit channel; outside the block nothing is recorded."""
+    layers = [m for m in model.modules() if isinstance(m, MoEMLP)]
+    routed: list[RouterOutput] = []
+    for m in layers:
+        m.record = routed
+    try:
+        yield routed
+    finally:
+        for m in layers:
+            m.record = None
