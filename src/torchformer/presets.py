@@ -132,6 +132,20 @@ _PRESETS = {
         positions=Learned(),
         tie_embeddings=True,
     ),
+    # EleutherAI/pythia-160m config.json: GPT-NeoX, parallel residual, rotary_pct 0.25, untied embed_out.
+    "pythia-160m": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=50304,
+        d_model=768,
+        n_layers=12,
+        max_seq_len=2048,
+        attention=AttentionConfig(n_heads=12, bias=True),
+        block=BlockConfig(norm="layernorm", norm_placement="parallel", mlp="gelu", d_ff=3072, bias=True),
+        positions=RoPE(fraction=0.25),
+        tie_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    ),
 }
 
 

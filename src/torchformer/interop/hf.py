@@ -28,7 +28,7 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
-from . import hf_bart, hf_bert, hf_gpt2, hf_llama
+from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_neox
 from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
@@ -40,6 +40,7 @@ FAMILIES: dict[str, ModuleType] = {
     "bert": hf_bert,
     "bart": hf_bart,
     "marian": hf_bart,
+    "gpt_neox": hf_neox,
 }
 PAIRINGS = ("half", "interleaved")
 logger = logging.getLogger(__name__)

@@ -48,3 +48,18 @@ def as_row(t: Tensor) -> Tensor:
 
 def as_vector(t: Tensor) -> Tensor:
     return t.reshape(-1)
+
+
+def split_head_interleaved(t: Tensor, n_heads: int, parts: int = 3) -> list[Tensor]:
+    """A fused projection stored head by head, [q_h; k_h; v_h] for each head h (GPT-NeoX
+    ``query_key_value``: weight (n*3*E, D) or bias (n*3*E,)) -> q, k, v of (n*E, ...) each."""
+    rest = t.shape[1:]
+    grouped = t.reshape(n_heads, parts, -1, *rest)  # (n, 3, E, ...)
+    return [grouped[:, j].reshape(-1, *rest).clone() for j in range(parts)]  # (n*E, ...) each
+
+
+def fuse_head_interleaved(tensors: list[Tensor], n_heads: int) -> Tensor:
+    """The inverse of ``split_head_interleaved``."""
+    rest = tensors[0].shape[1:]
+    grouped = torch.stack([t.reshape(n_heads, -1, *rest) for t in tensors], dim=1)  # (n, 3, E, ...)
+    return grouped.reshape(-1, *rest)  # (n*3*E, ...)
