@@ -59,7 +59,7 @@ def math_attention(
         weights = weights * mask
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    out = (weights.view(B, K, H // K, T, S) @ v.float().unsqueeze(2)).view(B, H, T, E).to(q.dtype)
+    out = (weights.view(B, K, H // K, T, S) @ v.float().unsqueeze(2)).view(B, H, T, v.shape[-1]).to(q.dtype)
     return (out, weights) if need_weights else out
 
 
