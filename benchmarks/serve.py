@@ -1,10 +1,10 @@
 """Serving throughput and latency (issue 15): `torchformer serve` against `transformers serve
 --continuous-batching`, the same HF Llama folder, the same machine, one run.
 
-The model is the decode benchmark's Llama shape (6 layers, d_model 512, 8 heads, SwiGLU d_ff
-1368, fp32) with the vocabulary of a byte-level BPE tokenizer trained here on Python's own
-standard library sources, saved as an HF folder (model.safetensors, tokenizer.json, a chat
-template). Each server runs as its own process on 127.0.0.1; the load generator is
+The model is the decode benchmark's Llama (6 layers, d_model 512, 8 heads, SwiGLU d_ff 1368,
+vocab 8192, fp32), random weights, with a byte-level BPE tokenizer of the same 8192 tokens trained
+here on Python's own standard library sources, saved as an HF folder (model.safetensors,
+tokenizer.json, a chat template). Each server runs as its own process on 127.0.0.1; the load generator is
 `AsyncOpenAI(max_retries=0)` sending streamed chat requests (about 32 prompt tokens, exactly
 --max-tokens new tokens: greedy, EOS removed) at concurrency 1, slots and 2 x slots. Reported per
 server and concurrency: requests/s, output tokens/s, TTFT, inter-token and end-to-end latency
@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.decode import SHAPE, hf_model
 from benchmarks.results import write_section
 
-SHAPE = {"d_model": 512, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1368, "vocab": 4096}
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -59,7 +59,6 @@ def corpus(n_bytes: int = 1_000_000) -> list[str]:
 def make_folder(folder: Path, max_len: int) -> list[str]:
     """Write the HF Llama folder with tokenizer and chat template; return prompts (~32 tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     texts = corpus()
     tok = Tokenizer(models.BPE())
@@ -70,21 +69,11 @@ def make_folder(folder: Path, max_len: int) -> list[str]:
         vocab_size=SHAPE["vocab"], special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(texts, trainer)
+    assert tok.get_vocab_size() == SHAPE["vocab"], f"the corpus gave only {tok.get_vocab_size()} tokens"
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=SHAPE["d_model"],
-        intermediate_size=SHAPE["d_ff"],
-        num_hidden_layers=SHAPE["n_layers"],
-        num_attention_heads=SHAPE["n_heads"],
-        num_key_value_heads=SHAPE["n_kv_heads"],
-        max_position_embeddings=max_len,
-        bos_token_id=None,
-        eos_token_id=None,  # every request generates exactly max_tokens tokens on both servers
-        pad_token_id=0,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    model.generation_config.eos_token_id = None
+    model = hf_model(max_len)  # the decode benchmark's Llama (vocab 8192 = the tokenizer's)
+    model.config.eos_token_id = None  # every request generates exactly max_tokens tokens on both servers
+    model.config.bos_token_id = None
     model.save_pretrained(folder)
     tok.save(str(folder / "tokenizer.json"))
     config = {
@@ -229,36 +218,15 @@ def start_servers(folder: Path, args, env) -> tuple[dict, str]:
     server is missing."""
     bin_dir = Path(sys.executable).parent
     port = free_port()
-    ours = [
-        str(bin_dir / "torchformer"),
-        "serve",
-        str(folder),
-        "--port",
-        str(port),
-        "--slots",
-        str(args.slots),
-        "--log-level",
-        "warning",
-    ]
+    ours = [str(bin_dir / "torchformer"), *f"serve {folder} --port {port} --slots {args.slots}".split()]
+    ours += ["--log-level", "warning"]
     servers = {"torchformer serve": (Server(ours, port, env), NAME)}
     servers["torchformer serve"][0].wait_ready("/health", args.start_timeout)
     if args.no_hf:
         return servers, "transformers serve not run (--no-hf)"
     port = free_port()
-    theirs = [
-        str(bin_dir / "transformers"),
-        "serve",
-        str(folder),
-        "--continuous-batching",
-        "--port",
-        str(port),
-        "--host",
-        "127.0.0.1",
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-    ]
+    theirs = [str(bin_dir / "transformers"), *f"serve {folder} --continuous-batching --port {port}".split()]
+    theirs += ["--host", "127.0.0.1", "--device", "cpu", "--log-level", "warning"]
     hf = Server(theirs, port, env)
     try:
         hf.wait_ready("/v1/models", args.start_timeout)

@@ -44,6 +44,16 @@ def port_of(proc, lines, timeout=60.0) -> int:
     raise AssertionError("the server did not start:\n" + "".join(lines))
 
 
+def ready(proc, lines, timeout=60.0) -> str:
+    """The server's URL once /health answers 200 (the model has loaded)."""
+    url = f"http://127.0.0.1:{port_of(proc, lines)}"
+    end = time.monotonic() + timeout
+    while httpx.get(f"{url}/health").status_code != 200:
+        assert time.monotonic() < end and proc.poll() is None, "".join(lines)
+        time.sleep(0.05)
+    return url
+
+
 def stop(proc) -> None:
     proc.terminate()
     try:
@@ -56,11 +66,7 @@ def stop(proc) -> None:
 def test_serve_a_checkpoint_folder(model_dir):
     proc, lines = start([str(model_dir), "--slots", "2", "--served-model-name", "mine", "--api-key", "k"])
     try:
-        url = f"http://127.0.0.1:{port_of(proc, lines)}"
-        end = time.monotonic() + 60
-        while httpx.get(f"{url}/health").status_code != 200:
-            assert time.monotonic() < end and proc.poll() is None, "".join(lines)
-            time.sleep(0.05)
+        url = ready(proc, lines)
         out = client(url, api_key="k").chat.completions.create(
             model="mine", messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
@@ -73,11 +79,7 @@ def test_serve_a_checkpoint_folder(model_dir):
 def test_serve_a_preset_says_token_ids_only():
     proc, lines = start(["llama-tiny", "--slots", "1"])
     try:
-        url = f"http://127.0.0.1:{port_of(proc, lines)}"
-        end = time.monotonic() + 60
-        while httpx.get(f"{url}/health").status_code != 200:
-            assert time.monotonic() < end and proc.poll() is None, "".join(lines)
-            time.sleep(0.05)
+        url = ready(proc, lines)
         out = client(url).completions.create(model="llama-tiny", prompt=[1, 2, 3], max_tokens=2, temperature=0)
         assert len(out.choices[0].text.split()) == 2
     finally:
