@@ -146,6 +146,22 @@ _PRESETS = {
         bos_token_id=0,
         eos_token_id=0,
     ),
+    # microsoft/Phi-3-mini-4k-instruct config.json: Llama-shaped (fused qkv_proj/gate_up_proj on
+    # disk), 32 heads without GQA, sliding window 2047 on every layer, untied head.
+    "phi3-mini": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=32064,
+        d_model=3072,
+        n_layers=32,
+        max_seq_len=4096,
+        attention=AttentionConfig(n_heads=32, n_kv_heads=32, sliding_window=2047),
+        block=BlockConfig(norm="rmsnorm", norm_eps=1e-5, norm_placement="pre", mlp="swiglu", d_ff=8192),
+        positions=RoPE(base=10000.0),
+        tie_embeddings=False,
+        pad_token_id=32000,
+        bos_token_id=1,
+        eos_token_id=32000,
+    ),
 }
 
 

@@ -53,10 +53,10 @@ def decoder_greedy_equal(folder: Path, hf, vocab: int, pad: int = 0) -> None:
 
 
 @torch.no_grad()
-def hf_round_trip(folder: Path, hf, auto, out: Path, run) -> None:
+def hf_round_trip(folder: Path, hf, auto, out: Path, run, model_type: str | None = None) -> None:
     """from_hf then to_hf: transformers loads the export with no missing or unexpected keys, the
     same tensors and the same outputs (``run(model)`` -> tensor)."""
-    export = to_hf(from_hf(folder), out)
+    export = to_hf(from_hf(folder), out, model_type=model_type)
     again, info = auto.from_pretrained(export, output_loading_info=True)
     again.eval()
     assert type(again) is type(hf)
