@@ -280,3 +280,22 @@ def test_compiled_step_serves_what_generate_gives(tiny):
         assert sink.tokens == generate_alone(tiny, p, n, {})
     assert late.tokens == generate_alone(tiny, [3, 2, 1], n, {"temperature": 0.7, "seed": 2})
     assert list(engine.views) == [(3, tiny.config.max_seq_len)]  # one shape of step: all rows and slots
+
+
+def test_a_stuck_engine_is_not_healthy(tiny):
+    engine = make_engine(tiny, slots=1, stall_timeout=0.3)
+    release = threading.Event()
+    try:
+        inner = engine.step_fn
+        engine.step_fn = lambda *a: (release.wait(10), inner(*a))[1]  # a forward that hangs
+        sink = Collect()
+        engine.submit([1, 2], options(2), sink)
+        wait_until(lambda: not engine.healthy, timeout=5, what="the stall to be noticed")
+        assert engine.thread.is_alive() and "has not stepped" in engine.state()
+        release.set()
+        assert sink.ended.wait(10)
+        wait_until(lambda: engine.healthy, timeout=5, what="the engine to step again")
+        assert engine.state() == "ok"
+    finally:
+        release.set()
+        engine.stop()

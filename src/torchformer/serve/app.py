@@ -92,8 +92,7 @@ class Server:
 
     def require_ready(self) -> None:
         if not self.engine.healthy:
-            why = "the model is still loading" if self.engine.error is None else "the engine stopped"
-            raise APIError(503, f"not ready: {why}", type="server_error", code="not_ready")
+            raise APIError(503, f"not ready: {self.engine.state()}", type="server_error", code="not_ready")
 
     async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape):
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
@@ -163,10 +162,8 @@ class Server:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request):
-        if self.engine.healthy:
-            return JSONResponse({"status": "ok"})
-        why = "loading" if self.engine.error is None else f"engine stopped: {self.engine.error!r}"
-        return JSONResponse({"status": why}, status_code=503)
+        healthy = self.engine.healthy
+        return JSONResponse({"status": self.engine.state()}, status_code=200 if healthy else 503)
 
     async def metrics(self, request: Request):
         text = self.engine.metrics.render(self.engine.running, len(self.engine.waiting))

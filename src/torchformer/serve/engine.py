@@ -71,6 +71,7 @@ class Engine:
         max_queue: int = 64,
         request_timeout: float = 600.0,
         compile: bool = False,
+        stall_timeout: float = 120.0,
     ) -> None:
         for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
@@ -79,6 +80,8 @@ class Engine:
             raise ValueError(f"request_timeout={request_timeout!r}: must be > 0 seconds")
         self.load, self.make_texts = load, texts
         self.slots, self.max_queue, self.request_timeout, self.compile = slots, max_queue, request_timeout, compile
+        self.stall_timeout = stall_timeout  # no loop turn for this long: /health says the engine is stuck
+        self.beat = time.monotonic()  # the last turn of the engine loop
         self.metrics = Metrics()
         self.waiting: collections.deque[Job] = collections.deque()
         self.rows: list[Job | None] = [None] * slots
@@ -106,7 +109,22 @@ class Engine:
 
     @property
     def healthy(self) -> bool:
-        return self.ready and self.error is None and self.thread.is_alive()
+        """Loaded, alive and stepping (a turn of the loop within stall_timeout)."""
+        return self.ready and self.error is None and self.thread.is_alive() and not self.stalled
+
+    @property
+    def stalled(self) -> bool:
+        return time.monotonic() - self.beat > self.stall_timeout
+
+    def state(self) -> str:
+        """Why the engine is not healthy, in words (for /health and 503 answers)."""
+        if self.error is not None or (self.ready and not self.thread.is_alive()):
+            return f"the engine stopped: {self.error!r}"
+        if not self.ready:
+            return "the model is still loading"
+        if self.stalled:
+            return f"the engine has not stepped for {time.monotonic() - self.beat:.0f} s"
+        return "ok"
 
     @property
     def running(self) -> int:
@@ -115,8 +133,7 @@ class Engine:
     def submit(self, prompt: list[int], params: Params, sink: Callable[[Event], None]) -> Job:
         """Queue a request (prompt ids), or raise the APIError that answers it."""
         if not self.healthy:
-            why = "the model is still loading" if self.error is None else f"the engine stopped: {self.error!r}"
-            raise APIError(503, f"not ready: {why}", type="server_error", code="not_ready")
+            raise APIError(503, f"not ready: {self.state()}", type="server_error", code="not_ready")
         max_tokens = self.context - len(prompt) if params.max_tokens is None else params.max_tokens
         if max_tokens < 1 or len(prompt) + max_tokens > self.context:
             raise APIError(
@@ -163,9 +180,10 @@ class Engine:
                 self.step_fn = (
                     torch.compile(decode_rows, dynamic=False, fullgraph=True) if self.compile else decode_rows
                 )
-                self.ready = True
+                self.beat, self.ready = time.monotonic(), True
                 log.info("engine ready: %d slots, context %d", self.slots, self.context)
                 while not self.stopping:
+                    self.beat = time.monotonic()
                     self.drop()
                     self.admit()
                     if self.running:
