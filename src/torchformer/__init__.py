@@ -21,6 +21,7 @@ from .config import (
     Sinusoidal,
     YaRN,
 )
+from .evaluation import embed
 from .generation import beam_search, generate, stream
 from .interop import from_hf, to_hf
 from .loading import load_any, load_tokenizer
@@ -56,6 +57,7 @@ __all__ = [
     "beam_search",
     "build_model",
     "count_params",
+    "embed",
     "flops_per_token",
     "kv_cache_bytes",
     "generate",
