@@ -70,7 +70,7 @@ RULES = {
         ">= 1",
     ),
     "block.norm": (lambda: tfm.BlockConfig(norm="batchnorm"), "block.norm='batchnorm'", "rmsnorm"),
-    "block.norm_placement": (lambda: tfm.BlockConfig(norm_placement="sandwich"), "block.norm_placement=", "post"),
+    "block.norm_placement": (lambda: tfm.BlockConfig(norm_placement="middle"), "block.norm_placement=", "post"),
     "block.mlp": (lambda: tfm.BlockConfig(mlp="tanh"), "block.mlp='tanh'", "swiglu"),
     "block.norm_eps": (lambda: tfm.BlockConfig(norm_eps=0.0), "block.norm_eps=0.0", "> 0"),
     "block.d_ff": (lambda: tfm.BlockConfig(d_ff=0), "block.d_ff=0", ">= 1"),
@@ -164,7 +164,13 @@ def test_json_round_trip_for_every_preset_and_grid_row():
 
 def test_json_positions_carry_a_kind_tag():
     d = model(positions=tfm.RoPE(pairing="interleaved", base=500000.0)).to_dict()
-    assert d["positions"] == {"kind": "rope", "base": 500000.0, "pairing": "interleaved", "fraction": 1.0, "scaling": None}
+    assert d["positions"] == {
+        "kind": "rope",
+        "base": 500000.0,
+        "pairing": "interleaved",
+        "fraction": 1.0,
+        "scaling": None,
+    }
     assert model(positions=None).to_dict()["positions"] is None
     assert tfm.ModelConfig.from_dict(model(positions=None).to_dict()).positions is None
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .config_rules import _check, _check_choice, _raise, _type_problems, _Validated
+from .layer_configs import INHERIT, LayerKind, kind_from_dict, kind_problems, kinds_tuple, layer_pattern
 from .position_configs import (
     _KIND_OF,
     POSITION_KINDS,
@@ -27,11 +28,15 @@ from .position_configs import (
 from .rope_scaling_configs import SCALING_KINDS, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, YaRN
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
-Norm = Literal["layernorm", "rmsnorm"]
+# "rmsnorm_1p": RMSNorm times (1 + weight), weight starting at 0, all in fp32 (Gemma 1/2/3).
+Norm = Literal["layernorm", "rmsnorm", "rmsnorm_1p"]
 # "parallel": x + attn(norm1 x) + mlp(norm2 x) (GPT-NeoX use_parallel_residual); "parallel_shared":
 # x + attn(n x) + mlp(n x) with one norm (GPT-J, Phi-2). Words of the one residual wiring, so
 # placement stays a single choice (they exclude pre and post) and RESIDUALS stays one table.
-Placement = Literal["pre", "post", "parallel", "parallel_shared"]
+Placement = Literal["pre", "post", "parallel", "parallel_shared", "output", "sandwich"]
+# "output": x + norm(f(x)), the norm on each sublayer's output (OLMo 2); "sandwich": x + norm2(f(norm1 x))
+# (Gemma 2/3: pre- and post-sublayer norms, both before the residual add).
+QKNorm = Literal["head", "width"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 Backend = Literal["math", "sdpa", "flex", "auto"]
 Init = Literal["normal", "xavier"]
@@ -43,6 +48,8 @@ __all__ = [
     "AttentionConfig",
     "BlockConfig",
     "DynamicNTK",
+    "INHERIT",
+    "LayerKind",
     "Learned",
     "LinearScaling",
     "Llama3Scaling",
@@ -56,6 +63,7 @@ __all__ = [
     "Sinusoidal",
     "YaRN",
     "default_d_ff",
+    "layer_pattern",
 ]
 
 
@@ -72,6 +80,8 @@ class AttentionConfig(_Validated):
     biases and masks inside the kernel) or "auto" (the fastest exact path per forward; README).
     ``scale`` overrides the score scale 1/sqrt(head_dim) (T5: 1.0, Gemma 2:
     query_pre_attn_scalar ** -0.5); ``softcap`` caps scores as cap * tanh(score / cap) (Gemma 2: 50).
+    ``qk_norm`` normalises q and k (the block's norm kind and eps) before RoPE: "head" over each
+    head's features (Qwen3, Gemma 3), "width" over all heads' features at once (OLMo 2).
     """
 
     _prefix = "attention."
@@ -86,6 +96,7 @@ class AttentionConfig(_Validated):
     sliding_window: int | None = None
     scale: float | None = None
     softcap: float | None = None
+    qk_norm: QKNorm | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -118,6 +129,8 @@ class AttentionConfig(_Validated):
             if value is not None:
                 ok = isinstance(value, int | float) and math.isfinite(value) and value > 0
                 _check(p, ok, f"attention.{name}", value, "must be a finite number > 0 (or None)")
+        if self.qk_norm is not None:
+            _check_choice(p, "attention.qk_norm", self.qk_norm, QKNorm)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,6 +179,10 @@ class ModelConfig:
     final_norm None means: a final norm for pre-norm stacks, none for post-norm ones.
     tie_embeddings ties the output projection to the (target) token embeddings;
     share_embeddings uses one token table for encoder and decoder (encoder_decoder only).
+    embed_scale_in_dtype rounds the sqrt(d_model) factor to the activations' dtype first (Gemma).
+    head_scale multiplies the final hidden state before the LM head (T5: d_model ** -0.5 when
+    tied); final_softcap caps the logits as cap * tanh(logits / cap) (Gemma 2: 30).
+    layer_kinds / kinds: layers that differ (window, RoPE or NoPE per kind; layer_configs.py).
     """
 
     arch: Arch = "decoder"
@@ -191,9 +208,17 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     decoder_start_token_id: int | None = None
+    embed_scale_in_dtype: bool = False
+    head_scale: float | None = None
+    final_softcap: float | None = None
+    layer_kinds: tuple[str, ...] | None = None
+    kinds: tuple[LayerKind, ...] = ()
 
     def __post_init__(self) -> None:
         _raise("ModelConfig", _type_problems(self, ""))
+        object.__setattr__(self, "kinds", kinds_tuple(self.kinds))  # a dict name -> kind is accepted
+        if isinstance(self.layer_kinds, list):
+            object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
         p: list[str] = []
         _check_choice(p, "arch", self.arch, Arch)
         _check_choice(p, "init", self.init, Init)
@@ -251,6 +276,11 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None:
                 _check(p, 0 <= value < self.vocab_size, name, value, f"must be in [0, vocab_size={self.vocab_size})")
+        for name in ("head_scale", "final_softcap"):
+            value = getattr(self, name)
+            if value is not None:
+                _check(p, math.isfinite(value) and value > 0, name, value, "must be a finite number > 0 (or None)")
+        kind_problems(self, self.n_layers, p)
         _raise("ModelConfig", p)
 
     def _head_dim_or_none(self) -> int | None:
@@ -300,6 +330,8 @@ class ModelConfig:
         out["block"] = dataclasses.asdict(self.block)
         pos = self.positions
         out["positions"] = None if pos is None else position_dict(pos)
+        out["layer_kinds"] = None if self.layer_kinds is None else list(self.layer_kinds)
+        out["kinds"] = [k.to_dict() for k in self.kinds]
         return out
 
     @classmethod
@@ -310,15 +342,21 @@ class ModelConfig:
             data["attention"] = _from_plain(AttentionConfig, data["attention"], "attention")
         if isinstance(data.get("block"), dict):
             data["block"] = _from_plain(BlockConfig, data["block"], "block")
+        if isinstance(data.get("kinds"), list):
+            data["kinds"] = tuple(kind_from_dict(k, _position) if isinstance(k, dict) else k for k in data["kinds"])
         pos = data.get("positions", "absent")
         if isinstance(pos, dict):
-            pos = dict(pos)
-            if isinstance(pos.get("scaling"), dict):  # RoPE's scaling scheme, tagged the same way
-                pos["scaling"] = _tagged(SCALING_KINDS, pos["scaling"], "positions.scaling")
-            data["positions"] = _tagged(POSITION_KINDS, pos, "positions")
+            data["positions"] = _position(pos)
         elif pos == "absent":
             data.pop("positions", None)
         return cls(**data)
+
+
+def _position(pos: dict[str, Any]) -> Positions:
+    pos = dict(pos)
+    if isinstance(pos.get("scaling"), dict):  # RoPE's scaling scheme, tagged the same way
+        pos["scaling"] = _tagged(SCALING_KINDS, pos["scaling"], "positions.scaling")
+    return _tagged(POSITION_KINDS, pos, "positions")
 
 
 def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:

@@ -5,7 +5,6 @@ so one file lists every option; after build, no forward reads the config or comp
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from functools import partial
 
@@ -13,53 +12,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import (
-    ALiBi,
-    DynamicNTK,
-    Learned,
-    LinearScaling,
-    Llama3Scaling,
-    LongRoPE,
-    ModelConfig,
-    RelativeBias,
-    RoPE,
-    Sinusoidal,
-    YaRN,
-)
-from ..nn import flex
+from ..config import ModelConfig
+from ..layer_configs import resolve_kinds
 from ..nn.attention import Attention
-from ..nn.backends import math_attention, sdpa_attention
 from ..nn.block import Block, parallel, parallel_shared, post_norm, pre_norm
+from ..nn.head import LMHead
 from ..nn.linear import Linear
 from ..nn.mlp import MLP, GatedMLP
-from ..nn.norms import LayerNorm, RMSNorm
-from ..nn.positions import (
-    ALiBiBias,
-    LearnedPositions,
-    RelativePositionBias,
-    RotaryTable,
-    SinusoidalPositions,
-    interleave_sin_cos,
-    rotate_half,
-    rotate_interleaved,
-    rotate_partial,
-    split_sin_cos,
-)
+from ..nn.norms import LayerNorm, OffsetRMSNorm, RMSNorm
+from ..nn.positions import LearnedPositions, RelativePositionBias
 from ..nn.quant import Int4Linear, Int8Linear
-from ..nn.rope_scaling import (
-    DynamicNTKTable,
-    LongRoPETable,
-    linear_inv_freq,
-    llama3_inv_freq,
-    longrope_attention_factor,
-    longrope_inv_freq,
-    yarn_attention_factor,
-    yarn_inv_freq,
-)
-from ..nn.routing import auto_attention, auto_preparer, prepare_dense, prepare_flex
-from .stack import Embeddings, Stack, embed_scale
 
-NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm}
+# The attention and position tables live beside their builders; re-exported so this file still
+# names every option (and callers keep importing them from here).
+from .build_attention import BACKENDS, PREPARES, QK_NORMS, flex_runs, prepare, qk_norms  # noqa: F401
+from .build_positions import (  # noqa: F401
+    ROTATIONS,
+    SINUSOID_LAYOUTS,
+    absolute_positions,
+    rope_table,
+    rotary,
+    score_bias,
+)
+from .stack import Embeddings, KindContext, Stack, embed_scale, times, times_in_dtype
+
+NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_1p": OffsetRMSNorm}
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form (BERT)
@@ -75,87 +52,12 @@ MLPS = {  # mlp word -> (module, activation)
     "geglu": (GatedMLP, "gelu"),
     "geglu_tanh": (GatedMLP, "gelu_tanh"),  # T5 v1.1 / Flan-T5 "gated-gelu": gelu_new(wi_0 x) * wi_1 x
 }
-BACKENDS = {"math": math_attention, "sdpa": sdpa_attention, "flex": flex.flex_attention, "auto": auto_attention}
-PREPARES = {  # backend word -> what its context needs, built once per forward (nn/routing.py)
-    "math": lambda softcap, flex_ok: prepare_dense,
-    "sdpa": lambda softcap, flex_ok: prepare_dense,
-    "flex": lambda softcap, flex_ok: prepare_flex,
-    "auto": auto_preparer,
-}
-RESIDUALS = {"pre": pre_norm, "post": post_norm, "parallel": parallel, "parallel_shared": parallel_shared}
-ROTATIONS = {"half": rotate_half, "interleaved": rotate_interleaved}
-SINUSOID_LAYOUTS = {"interleaved": interleave_sin_cos, "split": split_sin_cos}
+RESIDUALS = {"pre": pre_norm, "post": post_norm, "parallel": parallel, "parallel_shared": parallel_shared,
+             "output": pre_norm, "sandwich": pre_norm}  # fmt: skip
+# placement -> (a norm before each sublayer, a norm on its output before the residual add)
+SUBLAYER_NORMS = {"output": (False, True), "sandwich": (True, True)}  # others: (True, False)
+EMBED_PRODUCTS = {False: times, True: times_in_dtype}  # embed_scale_in_dtype -> the product (Gemma: True)
 QUANT_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}  # tfm.quantize scheme -> module (weight-only)
-
-
-def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
-    """The (B, T, D) term added to the embeddings, for the absolute schemes."""
-    pos = cfg.positions
-    table = {
-        Sinusoidal: lambda: SinusoidalPositions(cfg.max_seq_len, cfg.d_model, pos.base, SINUSOID_LAYOUTS[pos.layout]),
-        Learned: lambda: LearnedPositions(cfg.max_seq_len, cfg.d_model, pos.offset),
-    }
-    make = table.get(type(pos))
-    return None if make is None else make()
-
-
-def rotary(cfg: ModelConfig) -> tuple[nn.Module | None, Callable | None]:
-    """The RoPE table and the rotation; partial rotary turns only the first ``dim`` features."""
-    if not isinstance(cfg.positions, RoPE):
-        return None, None
-    dim, rotate = cfg.positions.rotary_dim(cfg.head_dim), ROTATIONS[cfg.positions.pairing]
-    if dim < cfg.head_dim:
-        rotate = partial(rotate_partial, dim=dim, rotate=rotate)
-    return rope_table(cfg, dim), rotate
-
-
-def rope_table(cfg: ModelConfig, dim: int) -> nn.Module:
-    """cos/sin rows over ``dim`` rotated features, one entry per scaling scheme (formulas in
-    nn/rope_scaling.py). Static schemes precompute a table; dynamic and longrope follow the length."""
-    n, base, s = cfg.max_seq_len, cfg.positions.base, cfg.positions.scaling
-    table = {
-        type(None): lambda: RotaryTable(n, dim, base),
-        LinearScaling: lambda: RotaryTable(n, dim, base, inv_freq=linear_inv_freq(dim, base, s.factor)),
-        Llama3Scaling: lambda: RotaryTable(
-            n,
-            dim,
-            base,
-            inv_freq=llama3_inv_freq(
-                dim, base, s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_seq_len
-            ),
-        ),
-        YaRN: lambda: RotaryTable(
-            n,
-            dim,
-            base,
-            inv_freq=yarn_inv_freq(
-                dim, base, s.resolved_factor(n), s.original_max_seq_len, s.beta_fast, s.beta_slow, s.truncate
-            ),
-            attention_factor=yarn_attention_factor(
-                s.resolved_factor(n), s.attention_factor, s.mscale, s.mscale_all_dim
-            ),
-        ),
-        LongRoPE: lambda: LongRoPETable(
-            longrope_inv_freq(dim, base, s.short_factor),
-            longrope_inv_freq(dim, base, s.long_factor),
-            s.original_max_seq_len,
-            longrope_attention_factor(s.resolved_factor(n), s.original_max_seq_len, s.attention_factor),
-        ),
-        DynamicNTK: lambda: DynamicNTKTable(dim, base, s.factor, s.original_max_seq_len),
-    }
-    return table[type(s)]()
-
-
-def score_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
-    pos, heads = cfg.positions, cfg.attention.n_heads
-    table = {
-        ALiBi: lambda: ALiBiBias(heads),
-        RelativeBias: lambda: RelativePositionBias(
-            heads, pos.num_buckets, pos.max_distance, not causal, max_len=cfg.max_seq_len
-        ),
-    }
-    make = table.get(type(pos))
-    return None if make is None else make()
 
 
 def norm(cfg: ModelConfig) -> nn.Module:
@@ -175,6 +77,7 @@ def dropout(p: float) -> nn.Module:
 
 def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
     a = cfg.attention
+    q_norm, k_norm = qk_norms(cfg, width_norm(cfg))
     return Attention(
         cfg.d_model,
         a.n_heads,
@@ -187,46 +90,55 @@ def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
         rotate=rotate,
         scale=a.scale,
         softcap=a.softcap,
+        q_norm=q_norm,
+        k_norm=k_norm,
     )
+
+
+def width_norm(cfg: ModelConfig) -> Callable[[int], nn.Module]:
+    """The block's norm kind at another width (QK-norm)."""
+    b = cfg.block
+    return lambda width: NORMS[b.norm](width, eps=b.norm_eps, bias=b.norm_bias)
 
 
 def block(cfg: ModelConfig, rotate: Callable | None, cross: bool) -> Block:
     mlp_cls, act = MLPS[cfg.block.mlp]
+    before, after = SUBLAYER_NORMS.get(cfg.block.norm_placement, (True, False))
     return Block(
         attention(cfg, rotate),
-        norm(cfg),
+        norm(cfg) if before else nn.Identity(),
         mlp_cls(cfg.d_model, cfg.d_ff, ACTIVATIONS[act], cfg.block.bias),
-        later_norm(cfg),
+        later_norm(cfg) if before else nn.Identity(),
         residual=RESIDUALS[cfg.block.norm_placement],
         dropout=dropout(cfg.block.dropout),
         cross_attn=attention(cfg, None) if cross else None,
         cross_norm=later_norm(cfg) if cross else None,
+        attn_out_norm=norm(cfg) if after else None,  # Gemma 2/3 post_attention_layernorm, OLMo 2
+        mlp_out_norm=norm(cfg) if after else None,  # post_feedforward_layernorm
     )
 
 
 def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False) -> Stack:
-    rope, rotate = rotary(cfg)
+    """The blocks of ``n_layers`` layers; each layer kind (layer_configs.py) gets its RoPE table
+    (one per distinct RoPE config) and window, each block its kind's rotation."""
+    kinds, layer_kind = resolve_kinds(cfg, n_layers)
+    tables: dict = {}
+    for kind in kinds:
+        if kind.rope not in tables:
+            tables[kind.rope] = rotary(cfg, kind.rope)
+    contexts = [KindContext(tables[k.rope][0], k.sliding_window if causal else None) for k in kinds]
     return Stack(
-        [block(cfg, rotate, cross) for _ in range(n_layers)],
+        [block(cfg, tables[kinds[i].rope][1], cross) for i in layer_kind],
         norm(cfg) if cfg.has_final_norm else nn.Identity(),
         causal=causal,
-        rope=rope,
+        rope=contexts[0].rope,
         score_bias=score_bias(cfg, causal),
-        window=cfg.attention.sliding_window if causal else None,
+        window=contexts[0].window,
         n_heads=cfg.attention.n_heads,
-        prepare=PREPARES[cfg.attention.backend](cfg.attention.softcap, flex_runs(cfg.attention.backend)),
+        prepare=prepare(cfg),
+        kinds=contexts[1:],
+        layer_kind=layer_kind,
     )
-
-
-def flex_runs(backend: str) -> bool:
-    """Whether flex can run here: "flex" forced where it cannot is an error, "auto" warns once
-    and keeps to the dense paths."""
-    reason = flex.unavailable_reason(torch.get_default_device()) if backend in ("flex", "auto") else None
-    if reason is not None and backend == "flex":
-        raise ValueError(f"attention.backend='flex' cannot run here: {reason}; use 'auto', 'sdpa' or 'math'")
-    if reason is not None:
-        warnings.warn(f"attention.backend='auto' will not use flex: {reason}", stacklevel=3)
-    return reason is None
 
 
 def embedding(n: int, dim: int) -> nn.Embedding:
@@ -239,6 +151,7 @@ def embeddings(cfg: ModelConfig, tok: nn.Embedding, token_types: int = 0) -> Emb
     return Embeddings(
         tok,
         scale=embed_scale(cfg.embed_scale, cfg.d_model),
+        multiply=EMBED_PRODUCTS[cfg.embed_scale_in_dtype],
         absolute=absolute_positions(cfg),
         token_types=embedding(token_types, cfg.d_model) if token_types else None,
         norm=norm(cfg) if cfg.embed_norm else None,
@@ -247,7 +160,13 @@ def embeddings(cfg: ModelConfig, tok: nn.Embedding, token_types: int = 0) -> Emb
 
 
 def lm_head(cfg: ModelConfig, tok: nn.Embedding) -> nn.Linear:
-    head = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias)
+    """The output projection; with head_scale (T5) or final_softcap (Gemma 2) an LMHead that
+    applies them (same weights and state-dict keys)."""
+    if cfg.head_scale is None and cfg.final_softcap is None:
+        head = Linear(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias)
+    else:
+        head = LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.final_logits_bias, scale=cfg.head_scale,
+                      softcap=cfg.final_softcap)  # fmt: skip
     if cfg.tie_embeddings:
         head.weight = tok.weight
     return head

@@ -1,8 +1,11 @@
-"""Embeddings and the block stack, plus the per-forward context every layer shares.
+"""Embeddings and the block stack, plus the per-forward context every layer of a kind shares.
 
 The stack computes positions, RoPE rows and the attention pattern (mask and bias rules, see
 nn/patterns.py) once per forward, lets the backend's prepare step (nn/routing.py) turn the
-pattern into what that backend consumes, and hands it to all blocks in one AttnInputs. Positions
+pattern into what that backend consumes, and hands it to the blocks in one AttnInputs. Layers
+that differ (layer_configs.py: Gemma's sliding/global layers, SmolLM3's NoPE layers) get one
+context per kind: the shared rules (order, padding, documents, score bias) are computed once,
+the kind's window and RoPE rows once per kind; each block receives its kind's. Positions
 are per row: token t of a row has position (number of real tokens before it in that row), so left
 padding does not shift a row's positions; packed rows restart them at each document.
 """
@@ -29,6 +32,7 @@ class Embeddings(nn.Module):
         tok: nn.Embedding,
         *,
         scale: float,
+        multiply: Callable[[Tensor, float], Tensor] | None = None,
         absolute: nn.Module | None,
         token_types: nn.Embedding | None,
         norm: nn.Module | None,
@@ -36,10 +40,11 @@ class Embeddings(nn.Module):
     ) -> None:
         super().__init__()
         self.tok, self.scale, self.absolute = tok, scale, absolute
+        self.multiply = times if multiply is None else multiply
         self.token_types, self.norm, self.drop = token_types, norm, dropout
 
     def forward(self, ids: Tensor, pos: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        x = self.tok(ids) * self.scale if self.scale != 1.0 else self.tok(ids)  # (B, T, D)
+        x = self.multiply(self.tok(ids), self.scale) if self.scale != 1.0 else self.tok(ids)  # (B, T, D)
         if self.absolute is not None:
             x = x + self.absolute(pos).to(x.dtype)
         if self.token_types is not None:
@@ -50,8 +55,30 @@ class Embeddings(nn.Module):
         return self.drop(x)
 
 
+def times(x: Tensor, scale: float) -> Tensor:
+    return x * scale  # a Python float: computed at the activations' compute precision (Marian, Vaswani)
+
+
+def times_in_dtype(x: Tensor, scale: float) -> Tensor:
+    # Gemma: sqrt(hidden_size) is a tensor cast to the weights' dtype before the product (in bf16
+    # 45.2548 -> 45.25), so bf16 embeddings match Gemma's exactly.
+    return x * torch.tensor(scale, dtype=x.dtype, device=x.device)
+
+
+class KindContext(nn.Module):
+    """What differs between layer kinds in the context: the RoPE table (None: NoPE) and window."""
+
+    def __init__(self, rope: nn.Module | None, window: int | None) -> None:
+        super().__init__()
+        self.rope, self.window = rope, window
+
+
 class Stack(nn.Module):
-    """Blocks and the final norm; builds the shared per-forward context."""
+    """Blocks and the final norm; builds the per-forward context of each layer kind.
+
+    rope / window are the first layer's kind's; ``kinds`` holds the other kinds (KindContext) and
+    ``layer_kind[i]`` the kind of block i (0: the stack's own rope and window).
+    """
 
     def __init__(
         self,
@@ -64,6 +91,8 @@ class Stack(nn.Module):
         window: int | None,
         n_heads: int = 1,
         prepare: Callable[[AttnInputs], AttnInputs] | None = None,
+        kinds: list[KindContext] | None = None,
+        layer_kind: tuple[int, ...] | None = None,
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
@@ -71,13 +100,17 @@ class Stack(nn.Module):
         self.causal, self.rope, self.score_bias, self.window = causal, rope, score_bias, window
         self.n_heads = n_heads
         self.prepare = prepare_dense if prepare is None else prepare  # what the backend consumes
+        self.kinds = nn.ModuleList(kinds or [])
+        self.layer_kind = (0,) * len(blocks) if layer_kind is None else tuple(layer_kind)
+        assert len(self.layer_kind) == len(blocks) and max(self.layer_kind) <= len(self.kinds)
 
     def context(self, pos: Tensor, attention_mask: Tensor | None, cache, document_ids: Tensor | None = None):
         """RoPE rows and the attention pattern for self-attention of queries at positions pos (B, T).
 
         Without a cache, keys are this chunk's tokens (columns); with one, keys are the cache
         slots 0..S_max, whose positions are their indices. document_ids (B, T) (packed rows, no
-        cache) keep attention inside each document.
+        cache) keep attention inside each document. Returns the first kind's context; its
+        ``by_kind`` holds every kind's (what ``forward`` hands the blocks).
         """
         B, T = pos.shape
         if cache is None:
@@ -91,24 +124,32 @@ class Stack(nn.Module):
             order, keys = causal(pos, k_pos), None
             # Padding tokens go to the extra last slot, which no query can see.
             slots = pos if attention_mask is None else pos.masked_fill(attention_mask == 0, cache.max_len)
-        near = None if self.window is None else window(pos, k_pos, self.window)
         docs = None if document_ids is None else same_document(document_ids, document_ids)
         bias = None if self.score_bias is None else self.score_bias.rule(pos, k_pos)
-        fast = order is not None and cache is None and keys is None and near is None and docs is None and bias is None
+        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None)
+        ctxs = tuple(self.kind_context(pos, kind.rope, kind.window, shared) for kind in (self, *self.kinds))
+        return ctxs[0]._replace(by_kind=ctxs)
+
+    def kind_context(self, pos: Tensor, rope: nn.Module | None, size: int | None, shared: tuple) -> AttnInputs:
+        """One kind's context: the shared rules plus this kind's window and RoPE rows."""
+        B, T, k_pos, slots, order, keys, docs, bias, no_cache = shared
+        near = None if size is None else window(pos, k_pos, size)
+        fast = order is not None and no_cache and keys is None and near is None and docs is None and bias is None
         mask = all_of([order, keys, near, docs])
         pattern = None
         if mask is not None or bias is not None:
             params = () if bias is None else self.score_bias.params
             pattern = Pattern(mask, bias, B, self.n_heads, T, k_pos.shape[1], pos.device,
                               key_only=order is None and near is None and docs is None, params=params)  # fmt: skip
-        rope = None if self.rope is None else self.rope(pos)
-        return self.prepare(AttnInputs(rope=rope, mask=None, bias=None, is_causal=fast, slots=slots, pattern=pattern))
+        rows = None if rope is None else rope(pos)
+        return self.prepare(AttnInputs(rope=rows, mask=None, bias=None, is_causal=fast, slots=slots, pattern=pattern))
 
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None, memory_kv=None, cross_ctx=None) -> Tensor:
+        ctxs = ctx.by_kind or (ctx,)  # a context built by hand (tests) is every layer's
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
             cross_kv = None if memory_kv is None else memory_kv[i]
-            x = block(x, ctx, layer_cache, cross_kv, cross_ctx)
+            x = block(x, ctxs[self.layer_kind[i]], layer_cache, cross_kv, cross_ctx)
         return self.final_norm(x)
 
 

@@ -28,6 +28,7 @@ class AttnInputs(NamedTuple):
     is_causal: bool  # the plain lower triangle, used only when mask is None
     slots: Tensor | None  # (B, T) cache slots to write this chunk's keys at
     pattern: Pattern | None = None  # the rules mask and bias come from (None: nothing beyond is_causal)
+    by_kind: tuple = ()  # every layer kind's AttnInputs (Stack.context), indexed by the stack
 
 
 class Attention(nn.Module):
@@ -45,6 +46,8 @@ class Attention(nn.Module):
         rotate: Rotation | None,
         scale: float | None = None,
         softcap: float | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
@@ -59,6 +62,9 @@ class Attention(nn.Module):
         self.dropout = dropout
         self.backend = backend
         self.rotate = rotate
+        # QK-norm before RoPE (Qwen3, Gemma 3 per head; OLMo 2 over the width); Identity without.
+        self.q_norm = nn.Identity() if q_norm is None else q_norm
+        self.k_norm = nn.Identity() if k_norm is None else k_norm
 
     def split_heads(self, x: Tensor, n: int) -> Tensor:
         return x.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # (B, n, T, E)
@@ -71,8 +77,9 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None) -> Tensor:
         """Self-attention of x (B, T, D) -> (B, T, D); cache is a LayerCache or None."""
-        q = self.split_heads(self.q_proj(x), self.n_heads)  # (B, H, T, E)
-        k, v = self.project_kv(x)  # (B, K, T, E)
+        q = self.split_heads(self.q_norm(self.q_proj(x)), self.n_heads)  # (B, H, T, E)
+        k = self.split_heads(self.k_norm(self.k_proj(x)), self.n_kv_heads)  # (B, K, T, E)
+        v = self.split_heads(self.v_proj(x), self.n_kv_heads)
         if ctx.rope is not None:
             q, k = self.rotate(q, *ctx.rope), self.rotate(k, *ctx.rope)
         if cache is not None:

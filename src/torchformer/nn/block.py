@@ -60,6 +60,8 @@ class Block(nn.Module):
         dropout: nn.Module,
         cross_attn: Attention | None = None,
         cross_norm: nn.Module | None = None,
+        attn_out_norm: nn.Module | None = None,
+        mlp_out_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.attn, self.attn_norm = attn, attn_norm
@@ -67,6 +69,10 @@ class Block(nn.Module):
         self.mlp, self.mlp_norm = mlp, mlp_norm
         self.residual = residual
         self.drop = dropout
+        # A norm on a sublayer's output before the residual add (Gemma 2/3 sandwich, OLMo 2);
+        # Identity where the placement has none.
+        self.attn_out_norm = nn.Identity() if attn_out_norm is None else attn_out_norm
+        self.mlp_out_norm = nn.Identity() if mlp_out_norm is None else mlp_out_norm
 
     def forward(
         self,
@@ -76,8 +82,8 @@ class Block(nn.Module):
         cross_kv: tuple[Tensor, Tensor] | None = None,
         cross_ctx: AttnInputs | None = None,
     ) -> Tensor:
-        sublayers = [(self.attn_norm, lambda h: self.drop(self.attn(h, ctx, cache)))]
+        sublayers = [(self.attn_norm, lambda h: self.drop(self.attn_out_norm(self.attn(h, ctx, cache))))]
         if cross_kv is not None:
             sublayers.append((self.cross_norm, lambda h: self.drop(self.cross_attn.cross(h, cross_kv, cross_ctx))))
-        sublayers.append((self.mlp_norm, lambda h: self.drop(self.mlp(h))))
+        sublayers.append((self.mlp_norm, lambda h: self.drop(self.mlp_out_norm(self.mlp(h)))))
         return self.residual(x, sublayers)
