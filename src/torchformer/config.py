@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from .config_rules import _check, _check_choice, _raise, _type_problems, _Validated
 from .layer_configs import INHERIT, LayerKind, kind_from_dict, kind_problems, kinds_tuple, layer_pattern
+from .moe_configs import LatentAttention, MoE, mixture_problems
 from .position_configs import (
     _KIND_OF,
     POSITION_KINDS,
@@ -62,6 +63,8 @@ __all__ = [
     "SCALING_KINDS",
     "Sinusoidal",
     "YaRN",
+    "LatentAttention",
+    "MoE",
     "default_d_ff",
     "layer_pattern",
 ]
@@ -183,6 +186,8 @@ class ModelConfig:
     head_scale multiplies the final hidden state before the LM head (T5: d_model ** -0.5 when
     tied); final_softcap caps the logits as cap * tanh(logits / cap) (Gemma 2: 30).
     layer_kinds / kinds: layers that differ (window, RoPE or NoPE per kind; layer_configs.py).
+    moe: expert MLPs (Mixtral, Qwen-MoE, DeepSeek); mla: multi-head latent attention (DeepSeek-V2/V3);
+    both in moe_configs.py.
     """
 
     arch: Arch = "decoder"
@@ -213,6 +218,8 @@ class ModelConfig:
     final_softcap: float | None = None
     layer_kinds: tuple[str, ...] | None = None
     kinds: tuple[LayerKind, ...] = ()
+    moe: MoE | None = None
+    mla: LatentAttention | None = None
 
     def __post_init__(self) -> None:
         _raise("ModelConfig", _type_problems(self, ""))
@@ -281,10 +288,13 @@ class ModelConfig:
             if value is not None:
                 _check(p, math.isfinite(value) and value > 0, name, value, "must be a finite number > 0 (or None)")
         kind_problems(self, self.n_layers, p)
+        mixture_problems(self, p)
         _raise("ModelConfig", p)
 
     def _head_dim_or_none(self) -> int | None:
         a = self.attention
+        if isinstance(self.mla, LatentAttention):  # the rotated width, as transformers' DeepSeek configs
+            return self.mla.rope_dim
         if a.head_dim is not None:
             return a.head_dim
         return self.d_model // a.n_heads if a.n_heads >= 1 and self.d_model % a.n_heads == 0 else None
@@ -332,6 +342,8 @@ class ModelConfig:
         out["positions"] = None if pos is None else position_dict(pos)
         out["layer_kinds"] = None if self.layer_kinds is None else list(self.layer_kinds)
         out["kinds"] = [k.to_dict() for k in self.kinds]
+        for name in ("moe", "mla"):
+            out[name] = None if getattr(self, name) is None else dataclasses.asdict(getattr(self, name))
         return out
 
     @classmethod
@@ -344,6 +356,9 @@ class ModelConfig:
             data["block"] = _from_plain(BlockConfig, data["block"], "block")
         if isinstance(data.get("kinds"), list):
             data["kinds"] = tuple(kind_from_dict(k, _position) if isinstance(k, dict) else k for k in data["kinds"])
+        for name, sub in (("moe", MoE), ("mla", LatentAttention)):
+            if isinstance(data.get(name), dict):
+                data[name] = _from_plain(sub, data[name], name)
         pos = data.get("positions", "absent")
         if isinstance(pos, dict):
             data["positions"] = _position(pos)

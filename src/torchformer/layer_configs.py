@@ -30,11 +30,14 @@ Inherit = Literal["inherit"]
 class LayerKind:
     """One kind of layer. sliding_window: an int W (each query sees the last W keys), None (full
     attention) or "inherit". rope: a RoPE (this kind's base/scaling), None (NoPE: no rotation,
-    SmolLM3) or "inherit" (the model's positions)."""
+    SmolLM3) or "inherit" (the model's positions). mlp: "dense" (the block's MLP), "moe" (the
+    model's ``moe`` experts) or "inherit" (moe when the model has ``moe``): DeepSeek's dense-first
+    layers (first_k_dense_replace), Qwen-MoE's decoder_sparse_step / mlp_only_layers."""
 
     name: str = ""  # set from the dict key when kinds are given as {name: LayerKind(...)}
     sliding_window: int | None | Inherit = INHERIT
     rope: RoPE | None | Inherit = INHERIT
+    mlp: Literal["dense", "moe", "inherit"] = INHERIT
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -45,11 +48,12 @@ class LayerKind:
         r = self.rope
         if r is not None and r != INHERIT and not isinstance(r, RoPE):
             p.append(f"{where}.rope={r!r}: must be a RoPE, None (NoPE) or 'inherit'")
+        _check(p, self.mlp in ("dense", "moe", INHERIT), f"{where}.mlp", self.mlp, "must be dense, moe or inherit")
         _raise("LayerKind", p)
 
     def to_dict(self) -> dict[str, Any]:
         rope = self.rope if not isinstance(self.rope, RoPE) else position_dict(self.rope)
-        return {"name": self.name, "sliding_window": self.sliding_window, "rope": rope}
+        return {"name": self.name, "sliding_window": self.sliding_window, "rope": rope, "mlp": self.mlp}
 
 
 class ResolvedKind(NamedTuple):
@@ -57,6 +61,7 @@ class ResolvedKind(NamedTuple):
 
     sliding_window: int | None
     rope: RoPE | None
+    mlp: str = "dense"  # "dense" or "moe"
 
 
 def layer_pattern(pattern: tuple[str, ...] | list[str], n_layers: int) -> tuple[str, ...]:
@@ -97,6 +102,7 @@ def kind_problems(cfg: ModelConfig, n_layers: int, p: list[str]) -> None:
     _check(p, not unknown, "layer_kinds", names, f"names unknown kinds {unknown}; defined in kinds: {defined}")
     _check(p, cfg.arch != "encoder_decoder", "layer_kinds", names, "are for arch 'decoder' or 'encoder'")
     for k in kinds:
+        _check(p, k.mlp != "moe" or cfg.moe is not None, f"kinds[{k.name!r}].mlp", k.mlp, "'moe' needs the model's moe")
         if k.sliding_window not in (None, INHERIT):
             _check(p, cfg.arch == "decoder", f"kinds[{k.name!r}].sliding_window", k.sliding_window,
                    "is for causal decoders only")  # fmt: skip
@@ -115,7 +121,8 @@ def resolve_kinds(cfg: ModelConfig, n_layers: int) -> tuple[tuple[ResolvedKind, 
     """(the distinct kinds in order of first use, each of ``n_layers`` layers' index into them). A
     model without layer_kinds has one kind: the model-level window and positions. Layer 0's kind
     is kind 0."""
-    model = ResolvedKind(cfg.attention.sliding_window, cfg.positions if isinstance(cfg.positions, RoPE) else None)
+    rope = cfg.positions if isinstance(cfg.positions, RoPE) else None
+    model = ResolvedKind(cfg.attention.sliding_window, rope, "dense" if cfg.moe is None else "moe")
     if cfg.layer_kinds is None:
         return (model,), (0,) * n_layers
     by_name = {k.name: k for k in cfg.kinds}
@@ -124,6 +131,7 @@ def resolve_kinds(cfg: ModelConfig, n_layers: int) -> tuple[tuple[ResolvedKind, 
         ResolvedKind(
             model.sliding_window if by_name[n].sliding_window == INHERIT else by_name[n].sliding_window,
             model.rope if by_name[n].rope == INHERIT else by_name[n].rope,
+            model.mlp if by_name[n].mlp == INHERIT else by_name[n].mlp,
         )
         for n in order
     )

@@ -106,3 +106,43 @@ class LatentAttention(_Validated):
     @property
     def qk_dim(self) -> int:
         return self.nope_dim + self.rope_dim
+
+
+def mixture_problems(cfg, p: list[str]) -> None:
+    """Rules between ``moe`` / ``mla`` and the rest of a ModelConfig (checked by ModelConfig)."""
+    if cfg.moe is not None:
+        if not isinstance(cfg.moe, MoE):
+            p.append(f"moe={cfg.moe!r}: must be a MoE or None")
+        else:
+            _check(p, cfg.block.mlp in ("swiglu", "geglu", "geglu_tanh"), "block.mlp", cfg.block.mlp,
+                   "experts are gated MLPs: needs 'swiglu', 'geglu' or 'geglu_tanh' with moe")  # fmt: skip
+            _check(p, not cfg.block.bias, "block.bias", cfg.block.bias, "must be False with moe (no expert biases)")
+    if cfg.mla is None:
+        return
+    if not isinstance(cfg.mla, LatentAttention):
+        p.append(f"mla={cfg.mla!r}: must be a LatentAttention or None")
+        return
+    a = cfg.attention
+    _check(p, cfg.arch == "decoder", "mla", cfg.mla, f"latent attention is for arch 'decoder', not {cfg.arch!r}")
+    _check(p, a.head_dim is None, "attention.head_dim", a.head_dim,
+           "must be None with mla (mla.nope_dim, rope_dim and v_dim set the head widths)")  # fmt: skip
+    _check(p, a.kv_heads == a.n_heads, "attention.n_kv_heads", a.n_kv_heads,
+           "must be None (= n_heads) with mla: heads share the latent, not grouped K/V")  # fmt: skip
+    _check(p, a.backend in ("math", "sdpa"), "attention.backend", a.backend, "must be 'math' or 'sdpa' with mla")
+    for name in ("sliding_window", "softcap", "scale", "qk_norm"):
+        value = getattr(a, name, None)
+        _check(p, value is None, f"attention.{name}", value, "is not supported with mla (must be None)")
+    kind = type(cfg.positions).__name__
+    _check(p, cfg.positions is None or kind == "RoPE", "positions", kind, "mla needs RoPE (or None)")
+    if kind == "RoPE":
+        _check(p, cfg.positions.fraction == 1, "positions.fraction", cfg.positions.fraction,
+               "must be 1 with mla (mla.rope_dim already sets the rotated width)")  # fmt: skip
+
+
+def cache_widths(cfg) -> tuple[int, int, int]:
+    """(heads, key width, value width) of one layer's self-attention cache entry per token: the
+    K/V heads and head_dim, or with mla one shared "head" holding the latent (kv_rank) beside the
+    rotary key (rope_dim), DeepSeek-V2's (d_c + d_h^R) numbers per token and layer."""
+    if cfg.mla is not None:
+        return 1, cfg.mla.kv_rank, cfg.mla.rope_dim
+    return cfg.n_kv_heads, cfg.head_dim, cfg.head_dim

@@ -26,6 +26,7 @@ from ..nn.quant import Int4Linear, Int8Linear
 # The attention and position tables live beside their builders; re-exported so this file still
 # names every option (and callers keep importing them from here).
 from .build_attention import BACKENDS, PREPARES, QK_NORMS, flex_runs, prepare, qk_norms  # noqa: F401
+from .build_moe import init_experts, latent_attention, moe_mlp
 from .build_positions import (  # noqa: F401
     ROTATIONS,
     SINUSOID_LAYOUTS,
@@ -75,8 +76,10 @@ def dropout(p: float) -> nn.Module:
     return nn.Dropout(p) if p > 0 else nn.Identity()
 
 
-def attention(cfg: ModelConfig, rotate: Callable | None) -> Attention:
+def attention(cfg: ModelConfig, rotate: Callable | None) -> nn.Module:
     a = cfg.attention
+    if cfg.mla is not None:  # DeepSeek-V2/V3 multi-head latent attention (build_moe.py)
+        return latent_attention(cfg, rotate, BACKENDS[a.backend])
     q_norm, k_norm = qk_norms(cfg, width_norm(cfg))
     return Attention(
         cfg.d_model,
@@ -101,13 +104,22 @@ def width_norm(cfg: ModelConfig) -> Callable[[int], nn.Module]:
     return lambda width: NORMS[b.norm](width, eps=b.norm_eps, bias=b.norm_bias)
 
 
-def block(cfg: ModelConfig, rotate: Callable | None, cross: bool) -> Block:
+def mlp(cfg: ModelConfig, kind: str) -> nn.Module:
+    """The MLP of a layer whose MLP kind is ``kind``: "dense" (the block's MLP) or "moe" (experts)."""
     mlp_cls, act = MLPS[cfg.block.mlp]
+    table = {
+        "dense": lambda: mlp_cls(cfg.d_model, cfg.d_ff, ACTIVATIONS[act], cfg.block.bias),
+        "moe": lambda: moe_mlp(cfg, ACTIVATIONS[act]),
+    }
+    return table[kind]()
+
+
+def block(cfg: ModelConfig, rotate: Callable | None, cross: bool, mlp_kind: str = "dense") -> Block:
     before, after = SUBLAYER_NORMS.get(cfg.block.norm_placement, (True, False))
     return Block(
         attention(cfg, rotate),
         norm(cfg) if before else nn.Identity(),
-        mlp_cls(cfg.d_model, cfg.d_ff, ACTIVATIONS[act], cfg.block.bias),
+        mlp(cfg, mlp_kind),  # the layer kind's MLP: dense or experts
         later_norm(cfg) if before else nn.Identity(),
         residual=RESIDUALS[cfg.block.norm_placement],
         dropout=dropout(cfg.block.dropout),
@@ -128,7 +140,7 @@ def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False)
             tables[kind.rope] = rotary(cfg, kind.rope)
     contexts = [KindContext(tables[k.rope][0], k.sliding_window if causal else None) for k in kinds]
     return Stack(
-        [block(cfg, tables[kinds[i].rope][1], cross) for i in layer_kind],
+        [block(cfg, tables[kinds[i].rope][1], cross, kinds[i].mlp) for i in layer_kind],
         norm(cfg) if cfg.has_final_norm else nn.Identity(),
         causal=causal,
         rope=contexts[0].rope,
@@ -223,3 +235,4 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
                 nn.init.normal_(module.weight, std=cfg.init_std * scale)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+    init_experts(model, cfg.init_std, depth_scale)  # batched expert weights and routers (not Linears)

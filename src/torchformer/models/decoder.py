@@ -6,6 +6,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..moe_configs import cache_widths
 from ..nn.kv_cache import KVCache
 from .checks import check_documents, check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from
@@ -64,12 +65,14 @@ def new_self_cache(cfg: ModelConfig, like: Tensor, n_layers: int, batch_size: in
         raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1")
     if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
         raise ValueError(f"max_len={max_len!r}: must be an integer in [1, max_seq_len={cfg.max_seq_len}]")
+    heads, k_dim, v_dim = cache_widths(cfg)  # K/V heads, or MLA's latent + rotary key
     return KVCache.allocate(
         n_layers,
         batch_size,
         max_len,
-        cfg.n_kv_heads,
-        cfg.head_dim,
+        heads,
+        k_dim,
         dtype=like.dtype if dtype is None else dtype,
         device=like.device,
+        v_dim=v_dim,
     )

@@ -51,10 +51,14 @@ class KVCache:
         *,
         dtype: torch.dtype,
         device: torch.device,
+        v_dim: int | None = None,
     ) -> KVCache:
+        """v_dim None: values as wide as keys. Latent attention stores (latent, rotary key) in the
+        k and v slots (nn/latent_attention.py): one head, widths kv_rank and rope_dim."""
         shape = (batch_size, n_kv_heads, max_len + 1, head_dim)
+        v_shape = shape[:-1] + (head_dim if v_dim is None else v_dim,)
         layers = [
-            LayerCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            LayerCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(v_shape, dtype=dtype, device=device))
             for _ in range(n_layers)
         ]
         return cls(layers=layers, max_len=max_len)

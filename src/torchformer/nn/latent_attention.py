@@ -14,6 +14,7 @@ shape) and W_uv,h is applied to the attended latent afterwards; the cache is nev
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 
 import torch
@@ -49,8 +50,9 @@ class LatentAttention(nn.Module):
         if q_rank is None:
             self.q_proj = Linear(d_model, n_heads * qk, bias=False)
         else:
-            self.q_proj = nn.Sequential(Linear(d_model, q_rank, bias=bias), RMSNorm(q_rank, eps=1e-6),
-                                        Linear(q_rank, n_heads * qk, bias=False))  # fmt: skip
+            parts = {"down": Linear(d_model, q_rank, bias=bias), "norm": RMSNorm(q_rank, eps=1e-6),
+                     "up": Linear(q_rank, n_heads * qk, bias=False)}  # fmt: skip
+            self.q_proj = nn.Sequential(OrderedDict(parts))
         self.kv_down = Linear(d_model, kv_rank + rope_dim, bias=bias)  # [latent ; rotary key]
         self.kv_norm = RMSNorm(kv_rank, eps=1e-6)
         self.kv_up = Linear(kv_rank, n_heads * (nope_dim + v_dim), bias=False)  # per head [W_uk ; W_uv]

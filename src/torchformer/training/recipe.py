@@ -83,6 +83,8 @@ class Train:
     grad_accum: int = 1
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
+    moe_balance: float = 0.01  # MoE load-balancing loss weight (Switch alpha 0.01; ignored by dense models)
+    moe_z_loss: float = 0.0  # MoE router z-loss weight (ST-MoE uses 1e-3)
     eval_every: int = 100
     eval_batches: int = 20
     log_every: int = 10
@@ -218,6 +220,9 @@ def check(recipe: Recipe) -> None:
         problems.append(f"train.precision={t.precision!r}: must be one of {list(PRECISIONS)}")
     if not 0.0 <= t.label_smoothing < 1.0:
         problems.append(f"train.label_smoothing={t.label_smoothing}: must be in [0, 1)")
+    for name in ("moe_balance", "moe_z_loss"):
+        if not getattr(t, name) >= 0:
+            problems.append(f"train.{name}={getattr(t, name)}: must be >= 0")
     if d.seq_len < 1:
         problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
     if problems:

@@ -82,7 +82,7 @@ def train(
         torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP shards them as they are)
         model = build_model(cfg).to(rt.device)
         torch.manual_seed(t.seed + rt.rank)  # distinct dropout streams per rank
-        objective = OBJECTIVES[task](model, t.label_smoothing)
+        objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
         if t.activation_checkpointing:
             checkpoint_blocks(model)
         wrapped = dist.wrap(objective, rt, recipe.dist.strategy)  # before the optimizer: FSDP swaps in sharded params
@@ -146,7 +146,8 @@ def train(
             if rt.is_main and (step % t.log_every == 0 or step == t.steps):
                 tps = tokens_per_step / dt
                 reporter.step({"step": step, "loss": loss_sum / max(1, local_tokens), "lr": lr,
-                               "tok_s": tps, "mfu": tps * flops / peak, "elapsed_s": elapsed})  # fmt: skip
+                               "tok_s": tps, "mfu": tps * flops / peak, "elapsed_s": elapsed,
+                               **{k: float(v) for k, v in objective.router_losses.items()}})  # fmt: skip
             out_of_time = t.max_time_s is not None and time.perf_counter() - wall0 >= t.max_time_s
             out_of_time = out_of_time or step == stop_after
             if step % t.eval_every == 0 or step == t.steps or out_of_time:
