@@ -2,11 +2,12 @@
 
 Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled and timed-out
 requests, admit waiting ones FIFO into free rows (each prompt is prefilled alone into its row
-of the cache), then one batched decode step of (R, 1) tokens for every row. Rows without a
-request feed a dummy token whose key/value go to the cache's hidden last slot (DESIGN section
-4), so they change nothing. A freed row is reused without clearing: the cache mask is built from
-positions, so the stale keys beyond the new prompt are invisible until overwritten (each decode
-token writes its slot before attending).
+of the cache), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
+highest busy row; all R when compiled). Rows without a request feed a dummy token whose
+key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps attend
+only over the key slots in use, rounded up to a multiple of SPAN. A freed row is reused without
+clearing: the cache mask is built from positions, so the stale keys beyond the new prompt are
+invisible until overwritten (each decode token writes its slot before attending).
 """
 
 from __future__ import annotations
