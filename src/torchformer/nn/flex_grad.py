@@ -3,10 +3,11 @@ tiles, in plain torch. torch 2.13 has no FlexAttention backward on CPU (and its 
 kernel cannot return the log-sum-exp), while recomputing the dense (B, H, T, S) scores would
 give up the O(T) memory the forward has.
 
-For each 128-query tile, the runs of key blocks that the block mask says are visible are visited
-twice: once to recompute the rows' log-sum-exp, once to form P = exp(S - lse) and accumulate dQ,
-dK, dV and the gradient of a learned bias table. Scores are rebuilt from q, k and the same rules
-the forward used (soft-cap, bias, mask). Memory: a few (B, H, 128, KEY_CHUNK) tiles.
+For each tile of QUERY_TILE queries, scores against the span of key blocks the block mask says
+are visible (from the first to the last; for causal, window and document patterns that is
+exactly the visible part) are rebuilt from q, k and the same rules the forward used (soft-cap,
+bias, mask); the tile holds every visible key of its rows, so P is their softmax, and dQ, dK, dV
+and the gradient of a learned bias table accumulate. Memory: a few (B, H, QUERY_TILE, S) tiles.
 Legend: B, H, K, T, S, E as in flex.py; G = H / K query heads per kv head; t, s tile sizes.
 """
 
@@ -19,19 +20,7 @@ from torch import Tensor
 
 from .patterns import Pattern
 
-KEY_CHUNK = 1024  # keys per tile: large enough for efficient matmuls, small enough to stay O(T)
-
-
-def key_runs(blocks: list[int], block: int, S: int) -> list[tuple[int, int]]:
-    """Visible key-block indices -> [start, end) key ranges of at most KEY_CHUNK keys."""
-    runs: list[tuple[int, int]] = []
-    for j in blocks:
-        lo, hi = j * block, min(S, (j + 1) * block)
-        if runs and runs[-1][1] == lo and hi - runs[-1][0] <= KEY_CHUNK:
-            runs[-1] = (runs[-1][0], hi)
-        else:
-            runs.append((lo, hi))
-    return runs
+QUERY_TILE = 64  # queries per tile: a (B, H, 64, S) fp32 tile is 16 MB at H 8, S 8192
 
 
 @dataclass
@@ -42,41 +31,37 @@ class Tile:
     mask: Tensor | None  # (B, 1, t, s) bool
 
 
-class TileScores:
-    """Scores of one query tile against key ranges, rebuilt exactly as the forward's kernel does."""
-
-    def __init__(self, pattern: Pattern, q_t: Tensor, q0: int, q1: int, k: Tensor, scale: float, softcap) -> None:
-        dev = q_t.device
-        self.pattern, self.q_t, self.k, self.scale, self.softcap = pattern, q_t, k, scale, softcap
-        self.b = torch.arange(pattern.B, device=dev).view(-1, 1, 1, 1)
-        self.h = torch.arange(pattern.H, device=dev).view(1, -1, 1, 1)
-        self.qi = torch.arange(q0, q1, device=dev).view(1, 1, -1, 1)
-
-    def __call__(self, k0: int, k1: int) -> Tile:
-        B, K, G, t, E = self.q_t.shape
-        kv = torch.arange(k0, k1, device=self.q_t.device).view(1, 1, 1, -1)
-        s = (self.q_t @ self.k[:, :, None, k0:k1].transpose(-1, -2)).view(B, K * G, t, k1 - k0) * self.scale
-        capped = None if self.softcap is None else torch.tanh(s / self.softcap)
-        if capped is not None:
-            s = self.softcap * capped  # Gemma 2's soft-cap, as in the forward
-        p = self.pattern
-        with torch.enable_grad():
-            bias = None if p.bias is None else p.bias(self.b, self.h, self.qi, kv).expand_as(s)
-        if bias is not None:
-            s = s + bias.detach()
-        mask = None if p.mask is None else p.mask(self.b, self.h[:, :1], self.qi, kv)
-        return Tile(s, capped, bias, mask)
+def tile_scores(pattern: Pattern, q_t: Tensor, k: Tensor, q0: int, k0: int, k1: int, scale: float, softcap) -> Tile:
+    """Scores of one query tile (B, K, G, t, E) against keys [k0, k1), rebuilt as the kernel does."""
+    B, K, G, t, E = q_t.shape
+    dev = q_t.device
+    b, h = torch.arange(B, device=dev).view(-1, 1, 1, 1), torch.arange(K * G, device=dev).view(1, -1, 1, 1)
+    qi = torch.arange(q0, q0 + t, device=dev).view(1, 1, -1, 1)
+    kv = torch.arange(k0, k1, device=dev).view(1, 1, 1, -1)
+    s = (q_t @ k[:, :, None, k0:k1].transpose(-1, -2)).view(B, K * G, t, k1 - k0) * scale
+    capped = None if softcap is None else torch.tanh(s / softcap)
+    if capped is not None:
+        s = softcap * capped  # Gemma 2's soft-cap, as in the forward
+    with torch.enable_grad():
+        bias = None if pattern.bias is None else pattern.bias(b, h, qi, kv).expand_as(s)
+    if bias is not None:
+        s = s + bias.detach()
+    mask = None if pattern.mask is None else pattern.mask(b, h[:, :1], qi, kv)
+    return Tile(s, capped, bias, mask)
 
 
-def tile_lse(scores: TileScores, runs: list[tuple[int, int]]) -> Tensor:
-    """Log-sum-exp over the visible keys of each row of the tile: (B, H, t); 0 where none is."""
-    lse = None
-    for k0, k1 in runs:
-        tile = scores(k0, k1)
-        s = tile.s if tile.mask is None else tile.s.masked_fill(~tile.mask, float("-inf"))
-        part = torch.logsumexp(s, dim=-1)
-        lse = part if lse is None else torch.logaddexp(lse, part)
-    return lse.masked_fill(lse.isinf(), 0.0)  # rows with no visible key: P is masked to 0 anyway
+def probabilities(tile: Tile) -> Tensor:
+    """softmax over the visible keys of the tile (the full row: the tile spans every visible
+    key); rows with no visible key give zeros. (B, H, t, s), computed in place where possible."""
+    s = tile.s if tile.mask is None else tile.s.masked_fill(~tile.mask, float("-inf"))
+    peak = s.amax(-1, keepdim=True).clamp(min=torch.finfo(s.dtype).min)  # -inf rows -> finite
+    e = (s - peak).exp_() if s is tile.s else s.sub_(peak).exp_()
+    return e.div_(e.sum(-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny))
+
+
+def key_range(blocks: list[int], block: int, S: int) -> tuple[int, int]:
+    """The keys from the first to the last visible block: [start, end)."""
+    return blocks[0] * block, min(S, (blocks[-1] + 1) * block)
 
 
 def tiled_backward(q, k, v, out, dout, pattern: Pattern, spans, block: int, scale: float, softcap):
@@ -89,29 +74,27 @@ def tiled_backward(q, k, v, out, dout, pattern: Pattern, spans, block: int, scal
     delta = (dof * out.float()).sum(-1)  # (B, H, T): rowsum(dO * O)
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     dparams = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-    for i, blocks in enumerate(spans):
-        q0, q1 = i * block, min(T, (i + 1) * block)
+    for q0 in range(0, T, QUERY_TILE):
+        blocks = spans[q0 // block]
+        if not blocks:
+            continue  # no row of these queries sees any key: all gradients are zero
+        q1 = min(T, q0 + QUERY_TILE)
+        k0, k1 = key_range(blocks, block, S)
         q_t = qf[:, :, q0:q1].reshape(B, K, G, q1 - q0, E)  # (B, K, G, t, E)
         do_t = dof[:, :, q0:q1].reshape(B, K, G, q1 - q0, E)
-        scores, runs = TileScores(pattern, q_t, q0, q1, kf, scale, softcap), key_runs(blocks, block, S)
-        lse, dq_t = tile_lse(scores, runs), torch.zeros_like(q_t)
-        for k0, k1 in runs:
-            tile = scores(k0, k1)
-            p = torch.exp(tile.s - lse[..., None])  # (B, H, t, s)
-            if tile.mask is not None:
-                p = p.masked_fill(~tile.mask, 0.0)
-            pg = p.view(B, K, G, q1 - q0, k1 - k0)
-            dv[:, :, k0:k1] += (pg.transpose(-1, -2) @ do_t).sum(2)
-            dp = (do_t @ vf[:, :, None, k0:k1].transpose(-1, -2)).view(B, H, q1 - q0, k1 - k0)
-            ds = p * (dp - delta[:, :, q0:q1, None])  # d loss / d (score + bias)
-            if params and tile.bias is not None:
-                for acc, g in zip(dparams, torch.autograd.grad(tile.bias, params, ds, allow_unused=True)):
-                    acc += 0.0 if g is None else g
-            if tile.capped is not None:
-                ds = ds * (1.0 - tile.capped * tile.capped)
-            dsg = (ds * scale).view(B, K, G, q1 - q0, k1 - k0)
-            dq_t += dsg @ kf[:, :, None, k0:k1]
-            dk[:, :, k0:k1] += (dsg.transpose(-1, -2) @ q_t).sum(2)
-        dq[:, :, q0:q1] = dq_t.view(B, H, q1 - q0, E)
+        tile = tile_scores(pattern, q_t, kf, q0, k0, k1, scale, softcap)
+        p = probabilities(tile)  # (B, H, t, s)
+        dv[:, :, k0:k1] += (p.view(B, K, G, q1 - q0, k1 - k0).transpose(-1, -2) @ do_t).sum(2)
+        dp = (do_t @ vf[:, :, None, k0:k1].transpose(-1, -2)).view(B, H, q1 - q0, k1 - k0)
+        ds = dp.sub_(delta[:, :, q0:q1, None]).mul_(p)  # d loss / d (score + bias), in dp's memory
+        del p
+        if params and tile.bias is not None:
+            for acc, g in zip(dparams, torch.autograd.grad(tile.bias, params, ds, allow_unused=True)):
+                acc += 0.0 if g is None else g
+        if tile.capped is not None:
+            ds.mul_(1.0 - tile.capped * tile.capped)
+        dsg = ds.mul_(scale).view(B, K, G, q1 - q0, k1 - k0)
+        dq[:, :, q0:q1] = (dsg @ kf[:, :, None, k0:k1]).view(B, H, q1 - q0, E)
+        dk[:, :, k0:k1] += (dsg.transpose(-1, -2) @ q_t).sum(2)
     grads = [dparam.to(p.dtype) for dparam, p in zip(dparams, params)]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), grads
