@@ -28,11 +28,12 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
-from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_neox, hf_phi3
+from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3
 from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
-FAMILIES: dict[str, ModuleType] = {
+FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks the first that fits
+    "mixtral": hf_mixtral,
     "llama": hf_llama,
     "mistral": hf_llama,
     "qwen2": hf_llama,
