@@ -6,7 +6,7 @@ figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
 
 from __future__ import annotations
 
-from .config import AttentionConfig, BlockConfig, Learned, Llama3Scaling, ModelConfig, RoPE, Sinusoidal
+from .config import AttentionConfig, BlockConfig, Learned, Llama3Scaling, ModelConfig, RelativeBias, RoPE, Sinusoidal
 
 
 def _vanilla(d_model: int, n_heads: int, d_ff: int, dropout: float) -> ModelConfig:
@@ -81,6 +81,26 @@ def _bert(vocab: int, d_model: int, n_layers: int, n_heads: int, d_ff: int) -> M
         embed_norm=True,
         dropout=0.1,
         pad_token_id=0,
+    )
+
+
+def _t5(d_model: int, n_layers: int, n_heads: int, d_ff: int, mlp: str, *, tied: bool) -> ModelConfig:
+    return ModelConfig(
+        arch="encoder_decoder",
+        vocab_size=32128,
+        d_model=d_model,
+        n_layers=n_layers,
+        n_decoder_layers=n_layers,
+        max_seq_len=512,
+        attention=AttentionConfig(n_heads=n_heads, head_dim=64, scale=1.0, dropout=0.1),
+        block=BlockConfig(norm="rmsnorm", norm_eps=1e-6, norm_placement="pre", mlp=mlp, d_ff=d_ff, dropout=0.1),
+        positions=RelativeBias(num_buckets=32, max_distance=128),
+        tie_embeddings=tied,
+        head_scale=d_model**-0.5 if tied else None,
+        dropout=0.1,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
     )
 
 
@@ -162,6 +182,10 @@ _PRESETS = {
         bos_token_id=1,
         eos_token_id=32000,
     ),
+    # google-t5/t5-small (v1.0: ReLU, tied head scaled by d_model ** -0.5) and google/flan-t5-base
+    # (v1.1: gated gelu_new, untied, unscaled): RMS-only norms, unscaled scores, relative bias.
+    "t5-small": lambda: _t5(512, 6, 8, 2048, "relu", tied=True),
+    "flan-t5-base": lambda: _t5(768, 12, 12, 2048, "geglu_tanh", tied=False),
 }
 
 

@@ -91,10 +91,11 @@ def ours_round_trip(cfg: tfm.ModelConfig, out: Path, model_type: str) -> None:
     for key, tensor in before.items():
         assert torch.equal(after[key], tensor), key
     ids = torch.randint(3, cfg.vocab_size, (2, 12))
-    if cfg.arch == "encoder_decoder":
-        assert torch.equal(again(ids, ids[:, :5]), model(ids, ids[:, :5]))
-    else:
-        assert torch.equal(again(ids), model(ids))
+    run = (lambda m: m(ids, ids[:, :5])) if cfg.arch == "encoder_decoder" else (lambda m: m(ids))
+    want, got = run(model), run(again)
+    # Equal tensors; the outputs may differ in the last bits only because the loaded tensors are
+    # memory-mapped at offsets MKL's kernels treat differently from freshly allocated ones.
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
 def verify_passes(folder: Path) -> None:

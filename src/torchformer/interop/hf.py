@@ -28,7 +28,7 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
-from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3
+from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3, hf_t5
 from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
@@ -43,6 +43,7 @@ FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks th
     "marian": hf_bart,
     "gpt_neox": hf_neox,
     "phi3": hf_phi3,  # fits Llama configs too: to_hf writes llama unless model_type="phi3"
+    "t5": hf_t5,
 }
 PAIRINGS = ("half", "interleaved")
 logger = logging.getLogger(__name__)

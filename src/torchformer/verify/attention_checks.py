@@ -115,6 +115,9 @@ def score_scale(r: Runner, n_keys: int = 64) -> Row:
         w = recovered_weights(module, q, k, scale=module.scale).float()
         # log a_ij = s_ij - logsumexp_i: its spread over keys is the scores' spread.
         std = float(w.clamp_min(1e-38).log().std(dim=-1).mean())
+        # A configured scale (attention.scale: T5 1.0, Gemma 2) sets the expected std to
+        # scale * sqrt(d_k); the check then measures the ratio to what the config asks for.
+        std /= 1.0 if r.cfg.attention.scale is None else r.cfg.attention.scale * math.sqrt(E)
         saturation = max(saturation, float(w.amax(-1).mean()))
         if abs(math.log(std)) > abs(math.log(worst)):
             worst, worst_name = std, names[id(module)]
