@@ -27,7 +27,19 @@ SPECS = {
         ),  # fmt: skip
         T.MixtralForCausalLM,
     ),
-}
+    # layer 1 dense (mlp_only_layers), 6 experts top-3, renormalised, per-head QK-norm, explicit head_dim
+    "qwen3_moe": lambda: (
+        T.Qwen3MoeConfig(**BASE, num_key_value_heads=2, head_dim=24, intermediate_size=48, moe_intermediate_size=32,
+                         num_experts=6, num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[1]),
+        T.Qwen3MoeForCausalLM,
+    ),
+    # q/k/v biases, a sigmoid-gated shared expert, top-2 of 4 not renormalised
+    "qwen2_moe": lambda: (
+        T.Qwen2MoeConfig(**BASE, num_key_value_heads=2, intermediate_size=48, moe_intermediate_size=32,
+                         shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2),
+        T.Qwen2MoeForCausalLM,
+    ),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -28,12 +28,14 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
-from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3, hf_t5
+from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3, hf_qwen3_moe, hf_t5
 from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
 FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks the first that fits
     "mixtral": hf_mixtral,
+    "qwen3_moe": hf_qwen3_moe,
+    "qwen2_moe": hf_qwen3_moe,
     "llama": hf_llama,
     "mistral": hf_llama,
     "qwen2": hf_llama,
