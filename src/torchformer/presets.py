@@ -186,6 +186,16 @@ _PRESETS = {
     # (v1.1: gated gelu_new, untied, unscaled): RMS-only norms, unscaled scores, relative bias.
     "t5-small": lambda: _t5(512, 6, 8, 2048, "relu", tied=True),
     "flan-t5-base": lambda: _t5(768, 12, 12, 2048, "geglu_tanh", tied=False),
+    # FacebookAI/roberta-base config.json: BERT's shape, positions after the pad id 1 (514-row
+    # table), one token type, eps 1e-5.
+    "roberta-base": lambda: _bert(50265, 768, 12, 12, 3072).replace(
+        positions=Learned(offset=2),
+        n_token_types=1,
+        block={"norm_eps": 1e-5},
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    ),
 }
 
 

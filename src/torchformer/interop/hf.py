@@ -28,7 +28,20 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
-from . import hf_bart, hf_bert, hf_gpt2, hf_llama, hf_mixtral, hf_neox, hf_phi3, hf_qwen3_moe, hf_t5
+from . import (
+    hf_bart,
+    hf_bert,
+    hf_distilbert,
+    hf_gpt2,
+    hf_llama,
+    hf_mixtral,
+    hf_neox,
+    hf_phi3,
+    hf_qwen3_moe,
+    hf_roberta,
+    hf_t5,
+    hf_xlm_roberta,
+)
 from .hf_config import config_dtype
 from .reader import SafetensorsFolder
 
@@ -46,6 +59,9 @@ FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks th
     "gpt_neox": hf_neox,
     "phi3": hf_phi3,  # fits Llama configs too: to_hf writes llama unless model_type="phi3"
     "t5": hf_t5,
+    "roberta": hf_roberta,
+    "xlm-roberta": hf_xlm_roberta,  # the same layout: to_hf writes roberta unless model_type="xlm-roberta"
+    "distilbert": hf_distilbert,
 }
 PAIRINGS = ("half", "interleaved")
 logger = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         problems.append(f"position_embedding_type={hf['position_embedding_type']!r}: only 'absolute'")
     if hf.get("is_decoder", False) or hf.get("add_cross_attention", False):
         problems.append("is_decoder/add_cross_attention: only the bidirectional encoder is supported")
-    unsupported("bert", problems)
+    unsupported(hf.get("model_type", "bert"), problems)  # also RoBERTa's and XLM-R's reader
     vocab, hidden_dropout = hf["vocab_size"], hf.get("hidden_dropout_prob", 0.0)
     return ModelConfig(
         arch="encoder",
@@ -92,7 +92,16 @@ def aliases(cfg: ModelConfig) -> dict[str, str]:
 
 
 def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:
-    p = "bert." if hf_names is not None and "bert.embeddings.word_embeddings.weight" in hf_names else ""
+    return bert_keymap(body_prefix("bert.", hf_names))
+
+
+def body_prefix(prefix: str, hf_names: list[str] | None) -> str:
+    """``prefix`` when the checkpoint is a task model (``bert.``, ``roberta.``, ...), else ""."""
+    return prefix if hf_names is not None and f"{prefix}embeddings.word_embeddings.weight" in hf_names else ""
+
+
+def bert_keymap(p: str) -> KeyMap:
+    """BERT's layout under the body prefix ``p`` (RoBERTa and XLM-R use it as it is)."""
     L, H = "stack.blocks.{i}", f"{p}encoder.layer.{{i}}"
     rules = [
         rule("embed.tok.weight", f"{p}embeddings.word_embeddings.weight"),
