@@ -39,6 +39,15 @@ SPECS = {
                          shared_expert_intermediate_size=40, num_experts=4, num_experts_per_tok=2),
         T.Qwen2MoeForCausalLM,
     ),
+    # MLA with a low-rank q, interleaved rotary pairs; layer 0 dense; 8 experts in 4 groups, best 2
+    # groups, top-3, sigmoid + selection bias, renormalised, scale 2.5; one shared expert
+    "deepseek_v3": lambda: (
+        T.DeepseekV3Config(**BASE, num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=24,
+                           n_routed_experts=8, num_experts_per_tok=3, n_group=4, topk_group=2, n_shared_experts=1,
+                           first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8,
+                           qk_rope_head_dim=4, v_head_dim=12),
+        T.DeepseekV3ForCausalLM,
+    ),
 }  # fmt: skip
 
 
@@ -100,7 +109,7 @@ def test_expert_count_mismatch_is_named_before_reading(family, tmp_path, name):
     shutil.copytree(folder, bad)
     hf = json.loads((folder / "config.json").read_text())
     key = next(k for k in ("num_local_experts", "num_experts", "n_routed_experts") if k in hf)
-    (bad / "config.json").write_text(json.dumps(dict(hf, **{key: hf[key] + 2})))
+    (bad / "config.json").write_text(json.dumps(dict(hf, **{key: hf[key] * 2})))
     with pytest.raises(ValueError, match=r"missing tensors: .*experts\.\d+\."):
         from_hf(bad)
 

@@ -31,6 +31,7 @@ from ..models.saving import materialize, unique_state
 from . import (
     hf_bart,
     hf_bert,
+    hf_deepseek,
     hf_distilbert,
     hf_gpt2,
     hf_llama,
@@ -49,6 +50,7 @@ FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks th
     "mixtral": hf_mixtral,
     "qwen3_moe": hf_qwen3_moe,
     "qwen2_moe": hf_qwen3_moe,
+    "deepseek_v3": hf_deepseek,
     "llama": hf_llama,
     "mistral": hf_llama,
     "qwen2": hf_llama,
