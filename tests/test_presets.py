@@ -17,10 +17,12 @@ def expected_params(cfg: tfm.ModelConfig) -> int:
     hd, H, K, F = cfg.head_dim, a.n_heads, cfg.n_kv_heads, cfg.d_ff
     norm = d * (2 if b.norm == "layernorm" and b.norm_bias else 1)
     attn = d * hd * (H + 2 * K) + H * hd * d + (hd * (H + 2 * K) if a.bias else 0) + (d if a.o_bias else 0)
-    gated = b.mlp in ("swiglu", "geglu")
+    gated = b.mlp in ("swiglu", "geglu", "geglu_tanh")
     mlp = (3 if gated else 2) * d * F + ((2 if gated else 1) * F + d if b.bias else 0)
     layer = attn + mlp + 2 * norm
-    positions = cfg.max_seq_len * d if isinstance(cfg.positions, tfm.Learned) else 0
+    positions = (cfg.max_seq_len + cfg.positions.offset) * d if isinstance(cfg.positions, tfm.Learned) else 0
+    if isinstance(cfg.positions, tfm.RelativeBias):  # one (buckets, heads) table per stack (T5)
+        positions = cfg.positions.num_buckets * H
     embed = V * d + positions + cfg.n_token_types * d + (norm if cfg.embed_norm else 0)
     final = norm if cfg.has_final_norm else 0
     head = (0 if cfg.tie_embeddings else V * d) + (V if cfg.final_logits_bias else 0)
