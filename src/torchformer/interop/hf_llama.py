@@ -4,7 +4,10 @@ Llama's attention_bias/mlp_bias, Mistral's sliding window, Qwen2's q/k/v bias wi
 RoPE base, scaling (linear, dynamic, llama3, yarn, longrope) and max_position_embeddings are read
 and written by hf_rope.py; partial rotary is refused (HF Llama rotates whole heads).
 HF stores q/k rows in the half-split RoPE layout; loading with pairing "interleaved" permutes
-them (n_heads rows for q, n_kv_heads for k), and exporting permutes them back.
+them (n_heads rows for q, n_kv_heads for k), and exporting permutes them back. Qwen2's
+``use_sliding_window`` + ``max_window_layers`` (or ``layer_types``) may window only some layers:
+those become layer kinds (hf_kinds.py). ``layer_keymap`` is shared by the Llama-layout families
+with other norms (hf_qwen3.py, hf_gemma.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
 from .hf_config import common_out, token_ids, unsupported
+from .hf_kinds import SLIDING, kind_fields, layer_types, per_layer, windows_to_hf
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
 from .transforms import half_to_interleaved, interleaved_to_half
@@ -29,8 +33,9 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     rope, max_len = rope_from_hf(hf, problems)
     if rope.fraction != 1:  # HF Llama ignores it for plain RoPE and cannot run it scaled
         problems.append(f"partial_rotary_factor={rope.fraction!r}: {model_type} rotates whole heads (1.0)")
-    window = _window(hf, model_type, problems)
+    windows = _windows(hf, model_type, problems)
     unsupported(model_type, problems)
+    kinds = kind_fields(windows, [rope] * len(windows), rope)
     d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     qkv_bias = {"llama": hf.get("attention_bias", False), "mistral": False, "qwen2": True}[model_type]
     return ModelConfig(
@@ -46,7 +51,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             bias=qkv_bias,
             out_bias=qkv_bias and model_type == "llama",
             dropout=hf.get("attention_dropout", 0.0),
-            sliding_window=window,
+            sliding_window=kinds["window"],
         ),
         block=BlockConfig(
             norm="rmsnorm",
@@ -58,30 +63,34 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         ),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
+        layer_kinds=kinds["layer_kinds"],
+        kinds=kinds["kinds"],
         **token_ids(hf, hf["vocab_size"]),
     )
 
 
-def _window(hf: dict[str, Any], model_type: str, problems: list[str]) -> int | None:
-    if model_type == "mistral":
-        return hf.get("sliding_window")
-    if model_type != "qwen2" or not hf.get("use_sliding_window", False):
-        return None
+def _windows(hf: dict[str, Any], model_type: str, problems: list[str]) -> list[int | None]:
+    """Each layer's window: Mistral's on all; Qwen2's on the layer_types marked sliding (default:
+    layers from max_window_layers up) when use_sliding_window; none otherwise."""
     n = hf["num_hidden_layers"]
-    kinds = hf.get("layer_types") or [
-        "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention" for i in range(n)
-    ]
-    if set(kinds) == {"sliding_attention"}:
-        return hf.get("sliding_window")
-    if set(kinds) != {"full_attention"}:
-        problems.append(f"layer_types={kinds}: a sliding window on some layers only is not supported")
-    return None
+    if model_type == "mistral":
+        return [hf.get("sliding_window")] * n
+    if model_type != "qwen2" or not hf.get("use_sliding_window", False):
+        return [None] * n
+    default = [SLIDING if i >= hf.get("max_window_layers", n) else "full_attention" for i in range(n)]
+    return sliding_windows(hf, layer_types(hf, n, default, problems))
+
+
+def sliding_windows(hf: dict[str, Any], types: list[str]) -> list[int | None]:
+    """The window of each layer type: config.json's sliding_window where it says sliding."""
+    on = hf.get("use_sliding_window", True)
+    return [hf.get("sliding_window") if t == SLIDING and on else None for t in types]
 
 
 def model_type_for(cfg: ModelConfig) -> str:
     a = cfg.attention
-    if a.bias and not a.o_bias:
-        return "qwen2"
+    if (a.bias and not a.o_bias) or cfg.layer_kinds is not None:
+        return "qwen2"  # per-layer windows: only Qwen2's layer_types says them
     return "mistral" if a.sliding_window is not None else "llama"
 
 
@@ -99,8 +108,24 @@ def unfit(cfg: ModelConfig) -> list[str]:
         (not (a.o_bias and not a.bias), "an output bias needs q/k/v biases too"),
         (model_type == "llama" or not b.bias, f"{model_type} has no MLP bias"),
         (model_type != "mistral" or not a.bias, "mistral has no attention bias"),
+        (model_type != "qwen2" or (a.bias and not a.o_bias), "per-layer windows need Qwen2's q/k/v-only biases"),
     ]
-    return [why for ok, why in rules if not ok] + rope_unfit(cfg)
+    return [why for ok, why in rules if not ok] + plain_llama_unfit(cfg) + rope_unfit(cfg)
+
+
+def plain_llama_unfit(cfg: ModelConfig) -> list[str]:
+    """The axes the Llama layout has none of (QK-norm, soft-caps, scales, RoPE per layer)."""
+    a, problems = cfg.attention, []
+    rules = [
+        (a.qk_norm is None, f"attention.qk_norm={a.qk_norm!r} (qwen3, olmo2, gemma3_text have it)"),
+        (a.softcap is None and cfg.final_softcap is None, "no soft-capping (gemma2 has it)"),
+        (a.scale is None and cfg.head_scale is None, "no attention.scale / head_scale override"),
+    ]
+    if cfg.layer_kinds is not None:
+        windows_to_hf(cfg, problems)
+        if any(k.rope != cfg.positions for k in per_layer(cfg)):
+            problems.append("a layer kind with its own RoPE or NoPE (smollm3, gemma3_text have them)")
+    return [why for ok, why in rules if not ok] + problems
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -123,12 +148,12 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
     elif model_type == "mistral":
         out.update(sliding_window=a.sliding_window)
     else:
-        kind = "full_attention" if a.sliding_window is None else "sliding_attention"
+        types, window = windows_to_hf(cfg, [])
         out.update(
-            use_sliding_window=a.sliding_window is not None,
-            sliding_window=a.sliding_window,
-            max_window_layers=cfg.n_layers if a.sliding_window is None else 0,
-            layer_types=[kind] * cfg.n_layers,
+            use_sliding_window=window is not None,
+            sliding_window=window,
+            max_window_layers=types.index(SLIDING) if SLIDING in types else cfg.n_layers,
+            layer_types=types,
         )
     generation = {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     return out, generation
@@ -139,7 +164,15 @@ def aliases(cfg: ModelConfig) -> dict[str, str]:
     return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
 
 
+LLAMA_NORMS = (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm"))
+
+
 def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:
+    return layer_keymap(cfg, LLAMA_NORMS)
+
+
+def layer_keymap(cfg: ModelConfig, norms: tuple[tuple[str, str], ...], extra: tuple = ()) -> KeyMap:
+    """The Llama layout with the family's per-layer norms (ours, theirs) and extra pairs."""
     L, H = "stack.blocks.{i}", "model.layers.{i}"
     rules = [
         rule("embed.tok.weight", "model.embed_tokens.weight"),
@@ -157,8 +190,8 @@ def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:
     pairs = [
         ("attn.v_proj", "self_attn.v_proj"),
         ("attn.o_proj", "self_attn.o_proj"),
-        ("attn_norm", "input_layernorm"),
-        ("mlp_norm", "post_attention_layernorm"),
+        *norms,
+        *extra,
         ("mlp.gate", "mlp.gate_proj"),
         ("mlp.up", "mlp.up_proj"),
         ("mlp.down", "mlp.down_proj"),
