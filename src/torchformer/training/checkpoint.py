@@ -24,6 +24,7 @@ from ..atomic import TMP_PREFIX, fsync_path, write_folder
 from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, unique_state
 
 STATE, OPTIM, RNG, TOKENIZER = "state.json", "optimizer.safetensors", "rng.safetensors", "tokenizer.json"
+ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: adapter tensors only (finetune.py)
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -88,15 +89,17 @@ def save_checkpoint(
     rng: dict[str, torch.Tensor],
     state: dict,
     keep_last: int,
+    weights_file: str | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically; also refresh the run folder's top-level model files."""
+    """Write checkpoint ``step`` atomically; also refresh the run folder's top-level model files.
+    weights_file: where model_state goes (a LoRA run saves adapters.safetensors, not a model)."""
     ckpts = run_dir / "checkpoints"
     texts = {
         CONFIG_FILE: json.dumps(config, indent=2),
         TOKENIZER: tokenizer_json,
         STATE: json.dumps({**state, "optimizer": optim[1]}, indent=1),
     }
-    tensors = {WEIGHTS_FILE: model_state, OPTIM: optim[0], RNG: rng}
+    tensors = {weights_file or WEIGHTS_FILE: model_state, OPTIM: optim[0], RNG: rng}
     final = write_folder(ckpts / f"step_{step:06d}", tensors=tensors, texts=texts)
     _export(final, run_dir)
     _prune(ckpts, keep_last)
@@ -106,7 +109,7 @@ def save_checkpoint(
 def _export(ckpt: Path, run_dir: Path) -> None:
     """Copy the model files to the run folder's top, so ``tfm.load(run_dir)`` and
     ``torchformer generate run_dir`` see the latest weights (each file replaced atomically)."""
-    for name in (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER):
+    for name in (n for n in (WEIGHTS_FILE, ADAPTERS, CONFIG_FILE, TOKENIZER) if (ckpt / n).is_file()):
         tmp = run_dir / f".{name}.tmp"
         shutil.copyfile(ckpt / name, tmp)
         fsync_path(tmp)
@@ -140,11 +143,12 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_checkpoint(path: Path) -> dict:
     """Everything a resume needs, read without unpickling: weights, optimizer, rng, state."""
     path = Path(path)
-    for name in (WEIGHTS_FILE, OPTIM, RNG, STATE):
+    weights = ADAPTERS if (path / ADAPTERS).is_file() else WEIGHTS_FILE
+    for name in (weights, OPTIM, RNG, STATE):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a training checkpoint: {name} is missing")
     return {
-        "model": load_file(str(path / WEIGHTS_FILE)),
+        "model": load_file(str(path / weights)),
         "optim": load_file(str(path / OPTIM)),
         "rng": load_file(str(path / RNG)),
         "state": json.loads((path / STATE).read_text()),

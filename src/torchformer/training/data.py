@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .corpus import VAL_EVERY, VAL_OFFSET
-from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer
+from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer, pretrained_tokenizer
 
 CACHE_VERSION = 2  # bump when corpus cleaning or the cache layout changes
 BUILTIN_TEXT, BUILTIN_PAIRS = ("shakespeare",), ("reverse",)
@@ -76,11 +76,11 @@ def read_text(source: str) -> tuple[str, str]:
         return shakespeare()
     path = _check_path(source)
     if path.is_dir():
-        docs = [f.read_text(encoding="utf-8") for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
+        docs = [read_utf8(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
     elif path.suffix == ".jsonl":
         docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
     else:
-        docs = [path.read_text(encoding="utf-8")]
+        docs = [read_utf8(path)]
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise ValueError(f"data.source={source!r} holds no text: the corpus is empty")
@@ -103,20 +103,31 @@ def read_documents(source: str) -> tuple[list[str], list[str]]:
     else:
         path = _check_path(source)
         if path.is_dir():
-            docs = [f.read_text(encoding="utf-8") for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
+            docs = [read_utf8(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
         elif path.suffix == ".jsonl":
             docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
         else:
-            docs = path.read_text(encoding="utf-8").split("\n\n")
+            docs = read_utf8(path).split("\n\n")
     docs = [d for d in docs if d.strip()]
     if len(docs) < 2:
         raise ValueError(f"data.pack=true needs at least 2 documents in data.source={source!r}, found {len(docs)}")
     return _split(docs, source) if len(docs) >= VAL_EVERY else (docs[:-1], docs[-1:])
 
 
+def read_utf8(path: Path) -> str:
+    """The file as text; a file that is not UTF-8 is named with the offset of its first bad byte."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte 0x{data[err.start]:02x} at byte offset {err.start} is not valid "
+            "UTF-8); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8"
+        ) from None
+
+
 def _lines(path: Path):
-    with open(path, encoding="utf-8") as f:
-        yield from ((n, line) for n, line in enumerate(f, 1) if line.strip())
+    yield from ((n, line) for n, line in enumerate(read_utf8(path).splitlines(keepends=True), 1) if line.strip())
 
 
 def _json_field(line: str, names: tuple[str, ...], path: Path, n: int) -> str:
@@ -178,6 +189,7 @@ def _key(data_spec: dict) -> str:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)  # created on the first write: bad data leaves no folder
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -216,11 +228,10 @@ def prepare(data_spec: dict, cache_dir: str | os.PathLike, *, build: bool = True
 
 
 def _build(data_spec: dict, cache: Path, key: str, pairs: bool) -> None:
-    cache.mkdir(parents=True, exist_ok=True)
-    kind, vocab = data_spec["tokenizer"], data_spec["bpe_vocab_size"]
+    kind = data_spec["tokenizer"]
     if pairs:
         train, val = read_pairs(data_spec["source"], data_spec["synthetic"])
-        tok = build_tokenizer(kind, "\n".join(s + "\n" + t for s, t in train), vocab_size=vocab)
+        tok = _tokenizer(data_spec, "\n".join(s + "\n" + t for s, t in train))
         dtype = _dtype(tok.vocab_size)
         for split, items in (("train", train), ("val", val)):
             encoded = [(tok.encode(s), tok.encode(t)) for s, t in items]
@@ -232,20 +243,20 @@ def _build(data_spec: dict, cache: Path, key: str, pairs: bool) -> None:
         tok, dtype = _build_documents(data_spec, cache)
     else:
         train, val = read_text(data_spec["source"])
-        tok = build_tokenizer(kind, train + val if kind == "char" else train, vocab_size=vocab)
+        tok = _tokenizer(data_spec, train + val if kind == "char" else train)
         dtype = _dtype(tok.vocab_size)
         for split, text in (("train", train), ("val", val)):
             _write_atomic(cache / f"{split}.bin", tok.encode(text).astype(dtype).tobytes())
     _write_atomic(cache / "tokenizer.json", tok.to_json().encode())
-    meta = {"key": key, "tokenizer": kind, "dtype": dtype.name, "vocab_size": tok.vocab_size}
+    meta = {"key": key, "tokenizer": tok.kind, "dtype": dtype.name, "vocab_size": tok.vocab_size}
     _write_atomic(cache / "meta.json", json.dumps(meta).encode())  # written last: marks the cache complete
 
 
 def _build_documents(data_spec: dict, cache: Path) -> tuple[TextTokenizer, np.dtype]:
     """data.pack: each document's tokens then EOS, concatenated, plus each document's start."""
-    kind, vocab = data_spec["tokenizer"], data_spec["bpe_vocab_size"]
+    kind = data_spec["tokenizer"]
     train, val = read_documents(data_spec["source"])
-    tok = build_tokenizer(kind, "\n".join(train + val if kind == "char" else train), vocab_size=vocab)
+    tok = _tokenizer(data_spec, "\n".join(train + val if kind == "char" else train))
     dtype = _dtype(tok.vocab_size)
     for split, docs in (("train", train), ("val", val)):
         encoded = [np.append(tok.encode(d), tok.eos_id) for d in docs]
@@ -253,6 +264,13 @@ def _build_documents(data_spec: dict, cache: Path) -> tuple[TextTokenizer, np.dt
         _write_atomic(cache / f"{split}.bin", np.concatenate(encoded).astype(dtype).tobytes())
         _write_atomic(cache / f"{split}.docs.bin", starts.tobytes())
     return tok, dtype
+
+
+def _tokenizer(data_spec: dict, text: str) -> TextTokenizer:
+    """model.init's tokenizer when fine-tuning (finetune.init_tokenizer), else one fitted to the text."""
+    if data_spec.get("init_tokenizer"):
+        return pretrained_tokenizer(data_spec["init_tokenizer"])
+    return build_tokenizer(data_spec["tokenizer"], text, vocab_size=data_spec["bpe_vocab_size"])
 
 
 def _load_pairs(cache: Path, split: str, dtype: np.dtype) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -44,6 +44,9 @@ class Data:
     mlm_probability: float = 0.15
     synthetic: dict = field(default_factory=dict)  # source "reverse": keys of SYNTHETIC_DEFAULTS
     pack: bool = False  # lm: windows packed from whole documents, attention kept inside each
+    instruct: bool = False  # lm: JSONL of {"messages": [...]} or {"prompt", "completion"}; loss on answers only
+    chat_template: str | None = None  # instruct: a jinja2 file (default: model.init's template, else plain)
+    eval_file: str | None = None  # a text file scored at the end: strided perplexity, bits per byte
 
     def __post_init__(self) -> None:
         if not isinstance(self.pack, bool):
@@ -110,7 +113,27 @@ class Dist:
     strategy: str = "ddp"  # ddp | fsdp
 
 
-SECTIONS = {"data": Data, "optim": Optim, "schedule": ScheduleSpec, "train": Train, "dist": Dist}
+@dataclass(frozen=True, kw_only=True)
+class Finetune:
+    lora: dict | None = None  # {rank, alpha, dropout, targets}: train LoRA adapters only (lora/)
+
+    def __post_init__(self) -> None:
+        if self.lora is None:
+            return
+        from ..lora import LoRASpec
+
+        allowed = {f.name for f in dataclasses.fields(LoRASpec)}
+        if not isinstance(self.lora, dict) or set(self.lora) - allowed:
+            bad = sorted(set(self.lora) - allowed) if isinstance(self.lora, dict) else self.lora
+            raise ValueError(f"finetune.lora: unknown {bad!r}; allowed keys: {sorted(allowed)}")
+        try:
+            object.__setattr__(self, "lora", LoRASpec(**self.lora))
+        except ValueError as err:
+            raise ValueError(f"finetune.lora: {err}") from None
+
+
+SECTIONS = {"data": Data, "optim": Optim, "schedule": ScheduleSpec, "train": Train, "dist": Dist,
+            "finetune": Finetune}  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,6 +145,7 @@ class Recipe:
     schedule: ScheduleSpec = field(default_factory=ScheduleSpec)
     train: Train = field(default_factory=Train)
     dist: Dist = field(default_factory=Dist)
+    finetune: Finetune = field(default_factory=Finetune)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -196,7 +220,12 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     if not isinstance(model, dict):
         raise ValueError(f"recipe section model must be a mapping (preset + ModelConfig fields), got {model!r}")
     recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs)
-    recipe.model_config(8, {})  # validate model changes now (vocab_size is filled in from the tokenizer later)
+    if "init" in recipe.model:  # fine-tuning: only safe changes on top of the init model (finetune.py)
+        from .finetune import check_init
+
+        check_init(recipe.model)
+    else:
+        recipe.model_config(8, {})  # validate model changes now (vocab_size is filled in from the tokenizer later)
     return recipe
 
 
@@ -225,6 +254,10 @@ def check(recipe: Recipe) -> None:
             problems.append(f"train.{name}={getattr(t, name)}: must be >= 0")
     if d.seq_len < 1:
         problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
+    if d.instruct and (d.task != "lm" or d.pack):
+        problems.append(f"data.instruct=true: needs data.task 'lm' and data.pack false (got {d.task!r}, {d.pack})")
+    if d.eval_file is not None and not Path(d.eval_file).is_file():
+        problems.append(f"data.eval_file={d.eval_file!r}: no such file (a UTF-8 text file to score at the end)")
     if problems:
         raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
 

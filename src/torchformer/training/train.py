@@ -27,7 +27,7 @@ from ..analysis.accounting import flops_per_token, matmul_peak_flops
 from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
-from . import determinism
+from . import determinism, finetune, instruct
 from . import distributed as dist
 from .batches import LMBatches, MLMBatches, PackedLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
@@ -62,6 +62,7 @@ def train(
     reporter = reporter or Reporter()
     t, task = recipe.train, recipe.data.task
     check(recipe)
+    finetune.check(recipe)  # LoRA targets exist: before any data or folder is written
     rt = dist.setup(t.device)
     reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
@@ -76,11 +77,13 @@ def train(
         data = load_data(recipe, out, rt)
         batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
         tok = data.tokenizer
-        cfg = recipe.model_config(tok.vocab_size, special_ids(tok, task))
+        base = finetune.load_init(recipe, rt.device, tok.vocab_size)  # model.init: None when built from scratch
+        cfg = base.config if base is not None else recipe.model_config(tok.vocab_size, special_ids(tok, task))
         if cfg.arch != ARCH_OF_TASK[task]:
             raise ValueError(f"data.task={task!r} trains arch {ARCH_OF_TASK[task]!r}, but the model is {cfg.arch!r}")
         torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP shards them as they are)
-        model = build_model(cfg).to(rt.device)
+        model = build_model(cfg).to(rt.device) if base is None else base
+        finetune.apply_lora(recipe, model, t.seed)  # finetune.lora: adapters only train
         torch.manual_seed(t.seed + rt.rank)  # distinct dropout streams per rank
         objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
         if t.activation_checkpointing:
@@ -168,6 +171,9 @@ def train(
                 break
         if rt.is_main and step > start:
             plot_losses(metrics_file, out / "loss.png")
+        scored = finetune.evaluate_file(recipe, model, tok, out) if rt.is_main else None  # data.eval_file
+        if scored is not None:
+            reporter.message(f"eval {scored}")
         reporter.close()
         metrics = read_metrics(metrics_file)
         return Result(
@@ -182,6 +188,9 @@ def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
     """Rank 0 tokenizes into <out_dir>/data; the other ranks wait, then read the same cache."""
     spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size", "pack")}
     spec["synthetic"] = recipe.data.synthetic if recipe.data.task == "seq2seq" else {}
+    spec["init_tokenizer"] = finetune.init_tokenizer(recipe)  # model.init's tokenizer, when fine-tuning
+    if recipe.data.instruct:  # JSONL conversations or prompt/completion pairs, loss on the answers only
+        return instruct.prepare(recipe, spec["init_tokenizer"])
     if rt.is_main:
         data = prepare(spec, out / "data")
     dist.barrier()
@@ -197,6 +206,8 @@ def special_ids(tok, task: str) -> dict[str, int]:
 
 def make_batches(recipe: Recipe, data):
     t, d = recipe.train, recipe.data
+    if isinstance(data, instruct.InstructData):
+        return instruct.InstructBatches(data, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
     if isinstance(data, PairData):
         tok = data.tokenizer
         return PairBatches(data.train, data.val, batch_size=t.batch_size, seed=t.seed, pad=tok.pad_id,
@@ -241,7 +252,7 @@ def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy:
     determinism.warn_if_different(state.get("run", {}), facts, path)
     optim_state = ckpt.optimizer_state(saved["optim"], state["optimizer"])
     if not dist.scatter_state(model, optimizer, saved["model"], optim_state, strategy, rt.world):
-        ckpt.load_model_state(model, {k: v.to(rt.device) for k, v in saved["model"].items()})
+        finetune.load_weights(model, {k: v.to(rt.device) for k, v in saved["model"].items()}, ckpt.load_model_state)
         optimizer.load_state_dict(optim_state)
     rng = ckpt.rank_rng(saved["rng"], rt.rank)
     if rng is not None:
@@ -296,13 +307,16 @@ def evaluate(objective: nn.Module, evals, device: torch.device, amp) -> float:
 def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe: Recipe, out: Path, model, optimizer,
                tok, rt, facts: dict) -> None:  # fmt: skip
     weights, optim_state = dist.gather_state(model, optimizer, recipe.dist.strategy, rt.world)  # all ranks
+    weights_file, weights = finetune.saved_weights(model, weights)  # LoRA: the adapters alone
     rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every rank's dropout stream, collected on rank 0
     if not rt.is_main:
         dist.barrier()
         return
     state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
-             "tokenizer_kind": tok.kind, "window": list(window), "run": facts}  # fmt: skip
+             "tokenizer_kind": tok.kind, "window": list(window), "run": facts,
+             "finetune": finetune.lora_record(recipe)}  # fmt: skip
     ckpt.save_checkpoint(out, step, model_state=weights, config=model.config.to_dict(),
                          tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optim_state),
-                         rng=rng, state=state, keep_last=recipe.train.keep_last)  # fmt: skip
+                         rng=rng, state=state, keep_last=recipe.train.keep_last,
+                         weights_file=weights_file or None)  # fmt: skip
     dist.barrier()

@@ -1,0 +1,180 @@
+"""Fine-tuning as data for train(): which model to start from (``model.init``), which parameters
+train (``finetune.lora``), what a checkpoint holds, and an eval file scored at the end.
+
+model.init: a torchformer checkpoint folder, a Hugging Face folder or a preset, read through the
+one resolver (loading.py). Its config and weights are the start; its tokenizer.json tokenizes the
+data. The recipe's model section may change only what leaves the weights meaningful: dropout,
+the attention backend, and max_seq_len downwards (a learned position table is cut to fit);
+anything else would not fit the pretrained tensors and is refused, naming what is allowed.
+
+finetune.lora: LoRA adapters (lora/) on the named modules; everything else is frozen, so the
+optimizer holds only adapter state and checkpoints hold only adapter tensors plus a reference to
+the base (``lora.json``); resume rebuilds the base from model.init and loads the adapters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .. import lora
+from ..config import ModelConfig
+from ..loading import TOKENIZER_FILE, load_any, model_kind
+
+ADAPTERS, LORA_FILE, EVAL_FILE = "adapters.safetensors", "lora.json", "eval.json"
+# Model fields a recipe may change on top of model.init, and why they are safe.
+SAFE = {
+    "init": "the model to start from",
+    "dropout": "regularisation only",
+    "attention.dropout": "regularisation only",
+    "block.dropout": "regularisation only",
+    "attention.backend": "the same attention computed by another kernel",
+    "max_seq_len": "downwards only: a shorter context (learned positions are cut)",
+}
+
+
+def _flat(spec: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in spec.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_init(model_spec: dict) -> None:
+    """Recipe-time checks of a model section that names ``init`` (nothing is loaded here)."""
+    init = model_spec["init"]
+    if not isinstance(init, str) or not init:
+        raise ValueError(f"model.init={init!r}: must be a folder path or a preset name")
+    try:
+        model_kind(init)
+    except ValueError as err:
+        raise ValueError(f"model.init={init!r}: {err}") from None
+    bad = sorted(k for k in _flat(model_spec) if k not in SAFE)
+    if bad:
+        allowed = "; ".join(f"{k} ({why})" for k, why in SAFE.items())
+        raise ValueError(
+            f"model.{bad[0]} cannot change when starting from model.init (the pretrained weights "
+            f"fix it; changed: {bad}). Allowed: {allowed}"
+        )
+
+
+def check(recipe) -> None:
+    """Before any work: the LoRA targets exist in the model (built on the meta device, no weights)."""
+    spec = recipe.finetune.lora
+    if spec is None:
+        return
+    from ..models.build import build_model
+    from ..models.saving import load_config
+
+    init = init_of(recipe)
+    if init is None:
+        cfg = recipe.model_config(8, {})
+    else:
+        cfg = load_config(init) if model_kind(init) == "torchformer" else _hf_config(init)
+    with torch.device("meta"):
+        lora.apply(build_model(cfg), rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
+
+
+def _hf_config(init: str) -> ModelConfig:
+    from ..interop.hf import config_from_hf
+
+    return config_from_hf(init)
+
+
+def init_of(recipe) -> str | None:
+    """model.init, or None for a model built from scratch (a preset init is a from-scratch build)."""
+    init = recipe.model.get("init")
+    return None if init is None or model_kind(init) == "preset" else init
+
+
+def init_tokenizer(recipe) -> str | None:
+    """The tokenizer.json text of model.init (the data must be tokenized with it), or None."""
+    init = init_of(recipe)
+    if init is None:
+        return None
+    file = Path(init) / TOKENIZER_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"model.init={init!r} has no {TOKENIZER_FILE}: the data cannot be tokenized as "
+            "the model was trained; add the model's tokenizer.json to the folder"
+        )
+    return file.read_text(encoding="utf-8")
+
+
+def load_init(recipe, device: torch.device, vocab_size: int) -> nn.Module | None:
+    """The model.init model with the recipe's safe changes, on ``device``; None without init."""
+    init = init_of(recipe)
+    if init is None:
+        return None
+    base = load_any(init, device=str(device))
+    cfg = base.config
+    changes = _flat({k: v for k, v in recipe.model.items() if k != "init"})
+    if changes.get("max_seq_len", cfg.max_seq_len) > cfg.max_seq_len:
+        raise ValueError(
+            f"model.max_seq_len={changes['max_seq_len']}: model.init has {cfg.max_seq_len}; "
+            "it can only go down (positions beyond it were never trained)"
+        )
+    if vocab_size > cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {vocab_size} tokens, model.init's vocab_size is {cfg.vocab_size}")
+    raw = cfg.to_dict()
+    for key, value in changes.items():
+        node, *path, last = [raw, *key.split(".")]
+        for part in path:
+            node = node[part]
+        node[last] = value
+    new_cfg = ModelConfig.from_dict(raw)
+    if new_cfg == cfg:
+        return base.train()
+    from ..models.build import build_model
+
+    model = build_model(new_cfg).to(device)
+    state = base.state_dict()
+    for name, t in model.state_dict().items():  # a shorter max_seq_len: cut position tables
+        if state[name].shape != t.shape and state[name].shape[1:] == t.shape[1:]:
+            state[name] = state[name][: t.shape[0]]
+    model.load_state_dict(state)
+    return model.train()
+
+
+def apply_lora(recipe, model: nn.Module, seed: int) -> None:
+    spec = recipe.finetune.lora
+    if spec is None:
+        return
+    torch.manual_seed(seed)  # the A matrices: the same start on every rank and every run
+    lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
+
+
+def saved_weights(model: nn.Module, weights: dict) -> tuple[str, dict]:
+    """(file name, tensors) a checkpoint holds: the adapters alone for a LoRA run."""
+    if not lora.adapters(model):
+        return "", weights
+    names = set(lora.adapter_state(model))
+    return ADAPTERS, {k: v for k, v in weights.items() if k in names}
+
+
+def lora_record(recipe) -> dict | None:
+    spec = recipe.finetune.lora
+    return None if spec is None else {"lora": spec.to_dict(), "base": recipe.model.get("init")}
+
+
+def load_weights(model: nn.Module, state: dict, load_full) -> None:
+    (lora.load_state if lora.adapters(model) else load_full)(model, state)
+
+
+def evaluate_file(recipe, model: nn.Module, tok, out: Path) -> dict | None:
+    """data.eval_file: strided perplexity (stride = half the context) and bits per byte; written
+    to <out_dir>/eval.json."""
+    path = recipe.data.eval_file
+    if path is None:
+        return None
+    from ..evaluation.perplexity import text_perplexity
+    from .data import read_utf8
+
+    seq_len = min(recipe.data.seq_len, model.config.max_seq_len)
+    score = text_perplexity(model, tok, read_utf8(Path(path)), seq_len=seq_len, stride=max(1, seq_len // 2))
+    result = {"eval_file": str(path), **score.to_dict()}
+    (out / EVAL_FILE).write_text(json.dumps(result) + "\n")
+    return result

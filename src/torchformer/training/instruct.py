@@ -1,0 +1,181 @@
+"""Instruction data: JSONL conversations or prompt/completion pairs, loss on the answers only.
+
+Each line is ``{"messages": [{"role": ..., "content": ...}, ...]}`` or ``{"prompt": ...,
+"completion": ...}``. Conversations are rendered with a chat template (data.chat_template, else
+model.init's, found and sandboxed as the server does: serve/chat.py); each assistant turn is the
+text the template adds between the conversation before it (with the generation prompt) and the
+conversation including it, so the labels cover exactly what the model must learn to write.
+Prompt/completion pairs use the plain format prompt + completion + EOS. Segments are tokenized
+one by one and concatenated; labels are -100 on everything but answer tokens (and the EOS that
+ends a completion), and train.py divides by the real answer-token count of the global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .batches import IGNORE, Batch, generator
+from .corpus import VAL_EVERY, VAL_OFFSET
+from .data import _check_path, _lines
+from .tokenizers import TextTokenizer, build_tokenizer, pretrained_tokenizer
+
+Example = tuple[np.ndarray, np.ndarray]  # (ids, labels) of one conversation
+
+
+@dataclass
+class InstructData:
+    tokenizer: TextTokenizer
+    train: list[Example]
+    val: list[Example]
+
+
+def read_examples(path: Path) -> list[dict]:
+    out = []
+    for n, line in _lines(path):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+        out.append(_checked(obj, path, n))
+    if len(out) < 2:
+        raise ValueError(f"data.source={str(path)!r} holds {len(out)} examples: need at least 2 (train and validation)")
+    return out
+
+
+def _checked(obj, path: Path, n: int) -> dict:
+    if isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"]:
+        for m in obj["messages"]:
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"{path}:{n}: every message needs string fields 'role' and 'content', got {m!r}")
+        if not any(m["role"] == "assistant" for m in obj["messages"]):
+            raise ValueError(f"{path}:{n}: the conversation has no 'assistant' message: nothing to learn")
+        return obj
+    if isinstance(obj, dict) and isinstance(obj.get("prompt"), str) and isinstance(obj.get("completion"), str):
+        return obj
+    raise ValueError(f'{path}:{n}: expected {{"messages": [...]}} or {{"prompt": str, "completion": str}}')
+
+
+def segments(example: dict, template) -> list[tuple[str, bool]]:
+    """(text, is_answer) pieces whose concatenation is the rendered example."""
+    if "messages" not in example:
+        return [(example["prompt"], False), (example["completion"], True)]
+    messages, out, done = example["messages"], [], ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        before = _render(template, messages[:i], True)
+        through = _render(template, messages[: i + 1], False)
+        if not (before.startswith(done) and through.startswith(before)):
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation, so "
+                "the assistant turns cannot be located; use prompt/completion data instead"
+            )
+        out += [(before[len(done) :], False), (through[len(before) :], True)]
+        done = through
+    rest = _render(template, messages, False)[len(done) :]
+    return out + ([(rest, False)] if rest else [])
+
+
+def _render(template, messages: list[dict], generation_prompt: bool) -> str:
+    from jinja2.exceptions import TemplateError
+
+    try:  # the sandboxed template of serve/chat.py, with the generation prompt chosen per call
+        return template.template.render(
+            messages=messages,
+            add_generation_prompt=generation_prompt,
+            bos_token=template.bos_token,
+            eos_token=template.eos_token,
+        )
+    except TemplateError as err:
+        raise ValueError(f"the chat template refused a conversation: {err}") from None
+
+
+def encode(example: dict, template, tok: TextTokenizer, eos: int | None) -> Example:
+    ids, labels = [], []
+    for text, answer in segments(example, template):
+        piece = tok.encode(text)
+        ids.append(piece)
+        labels.append(piece if answer else np.full(len(piece), IGNORE))
+    if "messages" not in example and eos is not None:  # a completion ends: the model learns to stop
+        ids.append(np.array([eos]))
+        labels.append(np.array([eos]))
+    return np.concatenate(ids).astype(np.int64), np.concatenate(labels).astype(np.int64)
+
+
+def load_template(recipe, init: str | None):
+    from ..serve.chat import ChatTemplate, load_chat_template
+
+    path = recipe.data.chat_template
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"data.chat_template={path!r}: no such file (a jinja2 chat template)")
+        return ChatTemplate(file.read_text(encoding="utf-8"))
+    return load_chat_template(init) if init is not None else None
+
+
+def prepare(recipe, tokenizer_json: str | None) -> InstructData:
+    """Read, render and tokenize data.source (small files: nothing is cached)."""
+    from .finetune import init_of
+
+    path = _check_path(recipe.data.source)
+    examples = read_examples(path)
+    template = load_template(recipe, init_of(recipe))
+    if template is None and any("messages" in e for e in examples):
+        raise ValueError(
+            f'data.source={str(path)!r} holds conversations ("messages") but there is no chat template: set '
+            "data.chat_template to a jinja2 file, or start from a model.init folder with chat_template.jinja or "
+            "a chat_template in tokenizer_config.json (prompt/completion data needs none)"
+        )
+    if tokenizer_json is not None:
+        tok = pretrained_tokenizer(tokenizer_json)
+    else:  # from scratch: a char tokenizer over everything the model will read
+        text = "".join(t for e in examples for t, _ in segments(e, template))
+        tok = build_tokenizer(recipe.data.tokenizer, text, vocab_size=recipe.data.bpe_vocab_size)
+    eos = tok.eos_id
+    encoded = [encode(e, template, tok, eos) for e in examples]
+    held = [i % VAL_EVERY == VAL_OFFSET for i in range(len(encoded))] if len(encoded) >= VAL_EVERY else None
+    held = held or [i == len(encoded) - 1 for i in range(len(encoded))]
+    return InstructData(tok, [e for e, h in zip(encoded, held) if not h], [e for e, h in zip(encoded, held) if h])
+
+
+class InstructBatches:
+    """Examples drawn with replacement as a pure function of (seed, step), right-padded to the
+    longest in the batch and cut to seq_len + 1 tokens: ids = x[:-1], labels = y[1:]."""
+
+    def __init__(self, data: InstructData, *, batch_size: int, seq_len: int, seed: int) -> None:
+        if not data.train or not data.val:
+            raise ValueError("instruction data needs at least one training and one validation example")
+        self.data, self.batch_size, self.seq_len, self.seed = data, batch_size, seq_len, seed
+        tok = data.tokenizer
+        self.pad = next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
+        cut = sum(len(ids) > seq_len + 1 for ids, _ in data.train + data.val)
+        if cut:
+            warnings.warn(
+                f"{cut} instruction examples are longer than data.seq_len + 1 = {seq_len + 1} tokens and are cut there",
+                stacklevel=2,
+            )
+
+    def collate(self, examples: list[Example]) -> Batch:
+        L = min(self.seq_len + 1, max(len(ids) for ids, _ in examples))
+        ids = np.full((len(examples), L), self.pad, dtype=np.int64)  # (B, T + 1)
+        labels = np.full((len(examples), L), IGNORE, dtype=np.int64)  # (B, T + 1)
+        for row, (x, y) in enumerate(examples):
+            ids[row, : min(L, len(x))], labels[row, : min(L, len(y))] = x[:L], y[:L]
+        ids_t, labels_t = torch.from_numpy(ids), torch.from_numpy(labels)
+        return {"ids": ids_t[:, :-1], "labels": labels_t[:, 1:]}
+
+    def batch(self, step: int) -> Batch:
+        picks = torch.randint(0, len(self.data.train), (self.batch_size,), generator=generator(self.seed, step, 0))
+        return self.collate([self.data.train[i] for i in picks.tolist()])
+
+    def eval_batches(self, n: int) -> list[Batch]:
+        val = self.data.val
+        chunks = [val[i : i + self.batch_size] for i in range(0, len(val), self.batch_size)]
+        return [self.collate(c) for c in chunks[:n]]
