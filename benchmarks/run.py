@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["benchmarks.decode", "benchmarks.train_step", "benchmarks.serve"]
+BENCHMARKS = ["benchmarks.decode", "benchmarks.train_step", "benchmarks.serve", "benchmarks.attention"]
 
 
 def main() -> int:

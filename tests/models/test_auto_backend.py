@@ -115,3 +115,18 @@ def test_without_flex_auto_warns_once_and_stays_dense_and_forced_flex_is_an_erro
 def test_bad_attention_fields_are_clear_errors(changes, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.").replace("'", "'")):
         tfm.AttentionConfig(n_heads=4, **changes)
+
+
+@torch.no_grad()
+def test_generation_over_the_static_cache_with_flex_and_auto_equals_math():
+    v = dict(DECODER, position="alibi")
+    ids = torch.randint(0, grid.VOCAB, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[0, :2] = 0
+    outs = [
+        tfm.generate(
+            grid.build(dict(v, backend=b), attention={"sliding_window": 5}), ids, attention_mask=mask, max_new_tokens=6
+        )  # fmt: skip
+        for b in ("math", "flex", "auto")
+    ]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])

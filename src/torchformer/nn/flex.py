@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .backends import math_attention
+from .backends import math_attention, sdpa_attention
 from .flex_grad import tiled_backward
 from .patterns import Pattern, Rule, from_dense
 
@@ -71,11 +71,17 @@ def eager():
         _STATE["compiled"] = before
 
 
+RECOMPILE_LIMIT = 64  # shapes per process: dynamo's default (8) would silently fall back to eager
+
+
 @functools.cache
 def _compiled_kernel():
     from torch.nn.attention.flex_attention import flex_attention
 
-    # dynamic=False: one specialised kernel per shape; generation keeps shapes static.
+    # dynamic=False: one specialised kernel per shape (and pattern); generation keeps shapes
+    # static. Past dynamo's recompile limit the call would run the eager kernel, which
+    # materialises the scores: raise the limit (a process-wide dynamo setting) instead.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -93,10 +99,15 @@ def kernel(*args, **kwargs):
 @dataclass
 class FlexBlocks:
     """The BlockMask for one pattern plus which (query block, key block) tiles hold any visible
-    key for some row, as Python lists for the tiled backward: spans[i] = key-block indices."""
+    key for some row (nQ, nK), which the tiled backward reads as lists (``spans``): only there,
+    outside any compiled region, since the lists depend on tensor values."""
 
     block_mask: object
-    spans: list[list[int]]
+    visible: Tensor
+
+    @property
+    def spans(self) -> list[list[int]]:
+        return [row.nonzero().flatten().tolist() for row in self.visible]
 
 
 def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
@@ -130,9 +141,7 @@ def build_blocks(pattern: Pattern) -> FlexBlocks:
     block_mask = BlockMask.from_kv_blocks(
         *_ordered(partial_t), *_ordered(full_t), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, S)
     )
-    visible = (partial_t | full_t).any(0)[0]  # (nQ, nK)
-    spans = [row.nonzero().flatten().tolist() for row in visible]
-    return FlexBlocks(block_mask, spans)
+    return FlexBlocks(block_mask, (partial_t | full_t).any(0)[0])  # visible: (nQ, nK)
 
 
 def score_mod(bias: Rule | None, softcap: float | None):
@@ -186,9 +195,16 @@ def flex_attention(
     if dropout_p > 0.0:
         mask, bias = pattern.dense()
         return math_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, softcap=softcap)
+    if q.is_cpu and torch.compiler.is_compiling():
+        # Inside an outer torch.compile (the compiled decode step), torch 2.13's CPU flex template
+        # fails to lower ("not enough values to unpack"); the dense form is exact and, for the
+        # few query rows of a decode step, small.
+        mask, bias = pattern.dense()
+        return sdpa_attention(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap)
     blocks = pattern.blocks if pattern.blocks is not None else build_blocks(pattern)
     params = tuple(p for p in pattern.params if p.requires_grad)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or params):
         return _FlexFunction.apply(q, k, v, pattern, blocks, scale, softcap, *params)
-    return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask, scale=scale,
-                  enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+    with torch.no_grad():  # nothing needs a gradient: one compiled variant, as in the training forward
+        return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask,
+                      scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip

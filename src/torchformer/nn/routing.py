@@ -11,6 +11,8 @@ never from tensor values:
 - key padding only (encoders), no bias          -> sdpa with a (B, 1, 1, S) mask
 - a bias, window, document or causal+padding    -> flex (the dense form would be (B, H, T, S))
 - soft-capping                                  -> flex (SDPA cannot soft-cap; math otherwise)
+- a cached step (prefill into / decode from the static cache) -> sdpa with the dense pattern
+  (or math when soft-capping): built once per forward for all layers, (B, H, T, S_max + 1)
 - recorded (analysis.record_attention)          -> math: the recorder swaps the backend itself
 Where flex cannot run, auto takes the dense path instead (build warns once, naming why).
 """
@@ -49,7 +51,10 @@ def auto_preparer(softcap: float | None, flex_ok: bool) -> Prepare:
 
     def prepare(ctx: AttnInputs) -> AttnInputs:
         p = ctx.pattern
+        # Cached steps (slots set) stay dense: a decode step's rows are few, and flex cannot be
+        # lowered inside the compiled decode step on CPU (flex.py).
         needs_flex = p is not None and (p.bias is not None or not p.key_only) and not ctx.is_causal
+        needs_flex = needs_flex and ctx.slots is None
         if flex_ok and (needs_flex or (softcap is not None and p is not None)):
             p.route = flex_attention
             return prepare_flex(ctx)
