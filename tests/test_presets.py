@@ -26,6 +26,8 @@ def expected_params(cfg: tfm.ModelConfig) -> int:
     embed = V * d + positions + cfg.n_token_types * d + (norm if cfg.embed_norm else 0)
     final = norm if cfg.has_final_norm else 0
     head = (0 if cfg.tie_embeddings else V * d) + (V if cfg.final_logits_bias else 0)
+    if cfg.moe is not None or cfg.mla is not None:  # expert and latent-attention decoders (issue 17)
+        return embed + mixture_layers(cfg, layer, attn, mlp) + final + head
     if cfg.arch == "decoder":
         return embed + cfg.n_layers * layer + final + head
     if cfg.arch == "encoder":
@@ -33,6 +35,27 @@ def expected_params(cfg: tfm.ModelConfig) -> int:
     tgt_embed = positions + (0 if cfg.share_embeddings else V * d) + (norm if cfg.embed_norm else 0)
     dec_layer = layer + attn + norm
     return embed + cfg.n_layers * layer + final + tgt_embed + cfg.decoder_layers * dec_layer + final + head
+
+
+def mixture_layers(cfg: tfm.ModelConfig, layer: int, attn: int, mlp: int) -> int:
+    """The blocks of an MoE / MLA decoder: MLA's projections and latent norms instead of q/k/v/o;
+    an expert layer holds E gated experts, the router (E x D) and the shared experts instead of the
+    dense MLP (layer kinds with mlp 'dense' keep it: DeepSeek's first 3 layers)."""
+    d, H, F = cfg.d_model, cfg.attention.n_heads, cfg.d_ff
+    if cfg.mla is not None:
+        m = cfg.mla
+        q = d * H * m.qk_dim if m.q_rank is None else d * m.q_rank + m.q_rank + m.q_rank * H * m.qk_dim
+        kv = d * (m.kv_rank + m.rope_dim) + m.kv_rank + m.kv_rank * H * (m.nope_dim + m.v_dim)
+        layer += q + kv + H * m.v_dim * d - attn
+    if cfg.moe is None:
+        return cfg.n_layers * layer
+    e = cfg.moe
+    fe = e.d_expert or F
+    fs = (e.n_shared * fe if e.d_shared is None else e.d_shared) if e.n_shared else 0
+    experts = e.n_experts * (3 * d * fe + d) + 3 * d * fs + (d if e.shared_gate else 0)
+    mlp_of = {k.name: k.mlp for k in cfg.kinds}
+    n_moe = sum(mlp_of.get(n, "inherit") != "dense" for n in cfg.layer_kinds or ("",) * cfg.n_layers)
+    return cfg.n_layers * layer + n_moe * (experts - mlp)
 
 
 PUBLISHED = {  # name: (exact count we must build, published figure, relative tolerance to it)

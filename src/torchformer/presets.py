@@ -7,6 +7,7 @@ figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
 from __future__ import annotations
 
 from .config import AttentionConfig, BlockConfig, Learned, Llama3Scaling, ModelConfig, RelativeBias, RoPE, Sinusoidal
+from .moe_presets import MOE_PRESETS
 
 
 def _vanilla(d_model: int, n_heads: int, d_ff: int, dropout: float) -> ModelConfig:
@@ -197,6 +198,9 @@ _PRESETS = {
         eos_token_id=2,
     ),
 }
+
+
+_PRESETS.update(MOE_PRESETS)  # mixtral-8x7b, deepseek-v3, moe-tiny (moe_presets.py)
 
 
 def names() -> list[str]:

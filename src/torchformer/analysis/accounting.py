@@ -13,6 +13,7 @@ from functools import lru_cache
 import torch
 
 from ..config import GATED, ModelConfig
+from .moe_accounting import active_params, attention_flops, cache_numbers_per_token, stack_matmul_params
 
 DTYPES = {
     "float32": torch.float32,
@@ -49,10 +50,11 @@ def _numels(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
     return tuple((name, p.numel()) for name, p in model.named_parameters())
 
 
-def count_params(cfg: ModelConfig) -> int:
+def count_params(cfg: ModelConfig, *, active: bool = False) -> int:
     """Exact parameter count (tied tensors once), by building the model on the meta device:
-    no memory is allocated, so llama3-8b counts in milliseconds."""
-    return sum(n for _, n in _numels(cfg))
+    no memory is allocated, so llama3-8b counts in milliseconds. active=True: the parameters one
+    token uses (of each MoE layer's routed experts only top_k; moe_accounting.py)."""
+    return active_params(_numels(cfg), cfg) if active else sum(n for _, n in _numels(cfg))
 
 
 def _part_of(name: str) -> str:
@@ -116,9 +118,11 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> Flops:
     """
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r}: must be an integer >= 1")
-    attn_per_layer = 4 * seq_len * cfg.attention.n_heads * cfg.head_dim
+    attn_per_layer = attention_flops(cfg, seq_len)
     head = cfg.d_model * cfg.vocab_size
-    if cfg.arch == "decoder":
+    if cfg.moe is not None or cfg.mla is not None:  # decoders only: active experts, MLA's projections
+        n, attn = stack_matmul_params(cfg) + head, cfg.n_layers * attn_per_layer
+    elif cfg.arch == "decoder":
         n, attn = cfg.n_layers * _layer_matmul_params(cfg, False) + head, cfg.n_layers * attn_per_layer
     elif cfg.arch == "encoder":
         n, attn = cfg.n_layers * _layer_matmul_params(cfg, False), cfg.n_layers * attn_per_layer
@@ -136,13 +140,15 @@ def kv_cache_bytes(
     """Bytes of the self-attention KV cache: 2 (K and V) * n_layers * n_kv_heads * head_dim *
     seq_len * batch_size * bytes per element. n_layers is the decoder's for encoder-decoders
     (whose cross-attention K/V add the same formula at the source length); encoders keep no
-    cache and return 0. GQA divides it by n_heads / n_kv_heads against MHA."""
+    cache and return 0. GQA divides it by n_heads / n_kv_heads against MHA. Latent attention
+    (mla) stores kv_rank + rope_dim numbers per token and layer instead."""
     for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be an integer >= 1")
     if cfg.arch == "encoder":
         return 0
-    return 2 * cfg.decoder_layers * cfg.n_kv_heads * cfg.head_dim * seq_len * batch_size * dtype_bytes(dtype)
+    per_token = cache_numbers_per_token(cfg)  # 2 * n_kv_heads * head_dim, or MLA's latent + rotary key
+    return cfg.decoder_layers * per_token * seq_len * batch_size * dtype_bytes(dtype)
 
 
 def activation_bytes(

@@ -10,6 +10,7 @@ from .. import presets
 from ..analysis.accounting import (
     PARTS,
     as_dtype,
+    count_params,
     flops_per_token,
     kv_cache_bytes,
     matmul_peak_flops,
@@ -18,6 +19,7 @@ from ..analysis.accounting import (
     training_bytes,
     weight_bytes,
 )
+from ..analysis.moe_accounting import cache_numbers_per_token, expanded_cache_numbers
 from ..config import ModelConfig
 from ..models.quantize import DEFAULT_GROUP_SIZE
 
@@ -92,6 +94,12 @@ def lines_for(cfg: ModelConfig, name: str, seq_len: int, batch: int, dtype: str)
     for part in PARTS:
         out.append(f"{part:<12} {parts[part]:>16,} {parts[part] / total:>7.1%}")
     out.append(f"{'total':<12} {total:>16,}")
+    if cfg.moe is not None:  # what one token multiplies: top_k of the routed experts
+        active = count_params(cfg, active=True)
+        m = cfg.moe
+        shared = f" + {m.n_shared} shared" if m.n_shared else ""
+        out.append(f"{'active':<12} {active:>16,} {active / total:>7.1%}  per token ({m.top_k} of {m.n_experts} "
+                   f"experts{shared}; FLOPs below use active parameters)")  # fmt: skip
     f = flops_per_token(cfg, seq_len)
     out += [
         "",
@@ -106,6 +114,11 @@ def memory_lines(cfg: ModelConfig, seq_len: int, batch: int, dtype: str) -> list
     if cfg.arch != "encoder":
         kv = kv_cache_bytes(cfg, seq_len, batch, dtype)
         out.append(f"KV cache      {human(kv)} ({human(kv / (seq_len * batch))}/token)")
+        if cfg.mla is not None:  # the latent + rotary key instead of every head's K and V
+            ratio = Fraction(cache_numbers_per_token(cfg), expanded_cache_numbers(cfg))
+            full = kv * ratio.denominator // ratio.numerator
+            out.append(f"  vs per-head K/V {human(full)}: MLA keeps {ratio} of it "
+                       f"({cfg.mla.kv_rank} + {cfg.mla.rope_dim} numbers per token and layer)")  # fmt: skip
         if cfg.n_kv_heads != cfg.attention.n_heads:
             mha = kv_cache_bytes(cfg.replace(attention={"n_kv_heads": None}), seq_len, batch, dtype)
             ratio = Fraction(kv, mha)
