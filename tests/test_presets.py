@@ -19,7 +19,8 @@ def expected_params(cfg: tfm.ModelConfig) -> int:
     attn = d * hd * (H + 2 * K) + H * hd * d + (hd * (H + 2 * K) if a.bias else 0) + (d if a.o_bias else 0)
     gated = b.mlp in ("swiglu", "geglu", "geglu_tanh")
     mlp = (3 if gated else 2) * d * F + ((2 if gated else 1) * F + d if b.bias else 0)
-    layer = attn + mlp + 2 * norm
+    qk_norm = {None: 0, "head": 2 * hd, "width": (H + K) * hd}[a.qk_norm]  # Qwen3/Gemma 3, OLMo 2
+    layer = attn + qk_norm + mlp + (4 if b.norm_placement == "sandwich" else 2) * norm  # Gemma 2/3: four
     positions = (cfg.max_seq_len + cfg.positions.offset) * d if isinstance(cfg.positions, tfm.Learned) else 0
     if isinstance(cfg.positions, tfm.RelativeBias):  # one (buckets, heads) table per stack (T5)
         positions = cfg.positions.num_buckets * H
@@ -149,6 +150,7 @@ def test_every_preset_builds_and_runs_small():
             vocab_size=64,
             d_model=64,
             n_layers=1,
+            layer_kinds=None if cfg.layer_kinds is None else cfg.layer_kinds[:1],  # layer 0's kind
             max_seq_len=32,
             attention={"n_heads": 4, "n_kv_heads": None},
             **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")),

@@ -6,7 +6,18 @@ figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
 
 from __future__ import annotations
 
-from .config import AttentionConfig, BlockConfig, Learned, Llama3Scaling, ModelConfig, RelativeBias, RoPE, Sinusoidal
+from .config import (
+    AttentionConfig,
+    BlockConfig,
+    LayerKind,
+    Learned,
+    Llama3Scaling,
+    ModelConfig,
+    RelativeBias,
+    RoPE,
+    Sinusoidal,
+    layer_pattern,
+)
 from .moe_presets import MOE_PRESETS
 
 
@@ -152,6 +163,42 @@ _PRESETS = {
         block=BlockConfig(norm="layernorm", norm_placement="pre", mlp="gelu", bias=True),
         positions=Learned(),
         tie_embeddings=True,
+    ),
+    # Qwen/Qwen3-0.6B config.json: explicit head_dim 128 (16 heads > d_model / 128), per-head
+    # QK-norm, GQA 16:8, RoPE base 1e6, tied embeddings, no sliding window.
+    "qwen3-0.6b": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=151936,
+        d_model=1024,
+        n_layers=28,
+        max_seq_len=40960,
+        attention=AttentionConfig(n_heads=16, n_kv_heads=8, head_dim=128, qk_norm="head"),
+        block=BlockConfig(norm="rmsnorm", norm_eps=1e-6, norm_placement="pre", mlp="swiglu", d_ff=3072),
+        positions=RoPE(base=1_000_000.0),
+        tie_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
+    # google/gemma-3-1b-pt config.json: 5 sliding (window 512, RoPE base 10000) : 1 global (base
+    # 1e6) layers, MQA with head_dim 256, per-head QK-norm, (1 + w) RMSNorms in sandwich
+    # placement, gated tanh-GELU, embeddings times sqrt(1152), tied head, no soft-caps.
+    "gemma3-1b": lambda: ModelConfig(
+        arch="decoder",
+        vocab_size=262144,
+        d_model=1152,
+        n_layers=26,
+        max_seq_len=32768,
+        attention=AttentionConfig(n_heads=4, n_kv_heads=1, head_dim=256, qk_norm="head"),
+        block=BlockConfig(norm="rmsnorm_1p", norm_eps=1e-6, norm_placement="sandwich", mlp="geglu_tanh", d_ff=6912),
+        positions=RoPE(base=1_000_000.0),
+        tie_embeddings=True,
+        embed_scale=True,
+        embed_scale_in_dtype=True,
+        layer_kinds=layer_pattern(("sliding",) * 5 + ("full",), 26),
+        kinds=(LayerKind(name="sliding", sliding_window=512, rope=RoPE(base=10_000.0)), LayerKind(name="full")),
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=1,
     ),
     # EleutherAI/pythia-160m config.json: GPT-NeoX, parallel residual, rotary_pct 0.25, untied embed_out.
     "pythia-160m": lambda: ModelConfig(
