@@ -21,6 +21,8 @@ COMMANDS = {
     "convert": "torchformer.cli.convert",
     "demo": "torchformer.cli.demo",
     "serve": "torchformer.cli.serve",
+    "eval": "torchformer.cli.eval",
+    "embed": "torchformer.cli.embed",
 }
 
 

@@ -1,0 +1,127 @@
+"""`torchformer eval`: perplexity and bits per byte of a text file (strided sliding window), or
+token accuracy and exact match of source/target pairs for an encoder-decoder; one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ..loading import TOKENIZER_FILE, load_any, load_tokenizer
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="checkpoint folder (tfm.save / training) or Hugging Face folder, with tokenizer.json")
+    p.add_argument("--data", required=True, help="UTF-8 text file (LM); .jsonl source/target or .tsv pairs (seq2seq)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens of context per window (default: max_seq_len)")
+    p.add_argument("--stride", type=int, default=None, help="tokens the window moves (default: seq_len // 2)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--adapter", default=None, help="a PEFT LoRA adapter folder to apply first (tfm.lora.load)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Score MODEL on --data and print one JSON line of results.
+
+    Causal LMs: every token after the first is scored once, with windows of --seq-len tokens of
+    context moved by --stride (stride = seq-len: back-to-back windows; smaller: more context per
+    token, more work); prints loss, perplexity, bits_per_byte. Encoder-decoders: teacher-forced
+    token accuracy and exact match (== greedy decoding reproducing the target) over the pairs."""
+    from ..training.data import read_utf8
+
+    data = Path(args.data)
+    if not data.is_file():
+        raise FileNotFoundError(f"--data {args.data!r}: no such file")
+    if not isinstance(args.batch_size, int) or args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
+    if not (Path(args.model) / TOKENIZER_FILE).is_file():
+        raise ValueError(f"{args.model}: no {TOKENIZER_FILE} beside the model; eval needs it to read --data")
+    text = read_utf8(data)  # a file that is not UTF-8 is named with the byte offset, before the model loads
+    model, tok = load_any(args.model), load_tokenizer(args.model)
+    if args.adapter is not None:
+        from ..lora import load as load_adapter
+
+        load_adapter(model, args.adapter)
+    model.eval()
+    if model.config.arch == "encoder_decoder":
+        result = _seq2seq(model, tok, data, args.batch_size)
+    elif model.config.arch == "decoder":
+        result = _lm(model, tok, text, args, data)
+    else:
+        raise ValueError(f"{args.model} is an encoder (arch 'encoder'): use `torchformer embed` for it")
+    print(json.dumps({"model": str(args.model), "data": str(data), **result}))
+    return 0
+
+
+def _lm(model, tok, text: str, args, data: Path) -> dict:
+    from ..evaluation.perplexity import text_perplexity, windows
+
+    seq_len = args.seq_len if args.seq_len is not None else min(model.config.max_seq_len, 1024)
+    if seq_len > model.config.max_seq_len:
+        raise ValueError(f"--seq-len {seq_len}: the model's max_seq_len is {model.config.max_seq_len}")
+    stride = args.stride if args.stride is not None else max(1, seq_len // 2)
+    tok.no_padding()
+    tok.no_truncation()
+    try:
+        n_windows = len(windows(len(tok.encode(text, add_special_tokens=False).ids), seq_len, stride))
+    except ValueError as err:
+        raise ValueError(f"--data {str(data)!r}: {err}") from None
+    bar = _bar(n_windows, args.no_progress)
+    score = text_perplexity(
+        model, _Plain(tok), text, seq_len=seq_len, stride=stride, batch_size=args.batch_size, progress=bar.update
+    )
+    bar.close()
+    return {"seq_len": seq_len, "stride": stride, **score.to_dict()}
+
+
+class _Plain:
+    """A tokenizers.Tokenizer that adds no special tokens: the file is scored as it is."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def encode(self, text: str):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+
+def _seq2seq(model, tok, data: Path, batch_size: int) -> dict:
+    from ..evaluation.perplexity import seq2seq_accuracy
+    from ..training.batches import PairBatches
+    from ..training.data import _json_field, _lines
+
+    if data.suffix == ".jsonl":
+        pairs = [
+            (_json_field(line, ("source", "src"), data, n), _json_field(line, ("target", "tgt"), data, n))
+            for n, line in _lines(data)
+        ]
+    elif data.suffix == ".tsv":
+        pairs = [tuple(line.rstrip("\n").split("\t", 1)) for _, line in _lines(data)]
+    else:
+        raise ValueError(f"--data {str(data)!r}: pairs for an encoder-decoder must be a .jsonl or .tsv file")
+    cfg = model.config
+    ids = [[tok.encode(s, add_special_tokens=False).ids, tok.encode(t, add_special_tokens=False).ids] for s, t in pairs]
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else 0
+    maker = PairBatches(
+        ids,
+        ids,
+        batch_size=min(batch_size, len(ids)),
+        seed=0,
+        pad=pad,
+        bos=cfg.decoder_start_token_id,
+        eos=cfg.eos_token_id,
+    )
+    chunks = [ids[i : i + batch_size] for i in range(0, len(ids), batch_size)]
+    with torch.no_grad():
+        return seq2seq_accuracy(model, (maker.collate(c) for c in chunks))
+
+
+def _bar(total: int, off: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="window", disable=off, file=sys.stderr, leave=False)
