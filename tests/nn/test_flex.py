@@ -13,6 +13,7 @@ from torchformer.nn import flex, patterns
 from torchformer.nn.positions import ALiBiBias, RelativePositionBias
 
 from .. import grid
+from ..models.test_backend_parity import padding
 
 TOL = 1e-5
 ALL = grid.variants()
@@ -22,15 +23,6 @@ ALL = grid.variants()
 def _eager_flex():
     with flex.eager():
         yield
-
-
-def padding(arch: str, batch: int, length: int) -> torch.Tensor:
-    mask = torch.ones(batch, length, dtype=torch.long)
-    if arch == "encoder":
-        mask[0, -3:] = 0
-    else:
-        mask[0, :3] = 0
-    return mask
 
 
 def loss_and_grads(model, ids, mask=None):
@@ -185,3 +177,17 @@ def test_each_rule_has_one_definition_dense_equals_elementwise_and_the_formula()
         formula = rel.weight[buckets].permute(0, 3, 1, 2)
         assert torch.equal(rel(q_pos, k_pos), formula)
         assert torch.equal(index_eval(rel.rule(q_pos, k_pos), B, H, T, S, False), formula.detach())
+
+
+@pytest.mark.parametrize("v", **grid.params(grid.variants(("encoder_decoder",))[:4]))
+def test_flex_cross_attention_over_a_padded_source_equals_math(v):
+    math_model, flex_model = grid.build(dict(v, backend="math")), grid.build(dict(v, backend="flex"))
+    src, tgt = grid.source(2), torch.randint(0, grid.VOCAB, (2, 7))
+    src_mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4])
+    results = []
+    for model in (math_model, flex_model):
+        model.zero_grad()
+        out = model(src, tgt, src_mask=src_mask)
+        (out**2).mean().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert_same(*results)
