@@ -56,8 +56,14 @@ def test_hub_id_is_not_downloaded():
 
 
 def test_unsupported_model_type_lists_the_supported_ones(llama_copy):
-    edit_config(llama_copy, model_type="t5")
-    with pytest.raises(ValueError, match=r"model_type='t5'.*supported: \['llama', 'mistral', 'qwen2', 'gpt2', 'bert'"):
+    edit_config(llama_copy, model_type="mamba")
+    with pytest.raises(ValueError, match=r"model_type='mamba'.*supported: \[.*'llama', 'mistral', 'qwen2', 'gpt2'"):
+        from_hf(llama_copy)
+
+
+def test_a_missing_required_key_is_named(llama_copy):
+    edit_config(llama_copy, model_type="t5")  # a Llama config.json has no d_model
+    with pytest.raises(ValueError, match=r"lacks 'd_model', which model_type='t5' needs"):
         from_hf(llama_copy)
 
 

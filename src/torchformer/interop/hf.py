@@ -103,7 +103,11 @@ def _configs(path: str | os.PathLike, rope_pairing: str) -> tuple[dict, ModelCon
     if rope_pairing not in PAIRINGS:
         raise ValueError(f"rope_pairing={rope_pairing!r}: must be one of {list(PAIRINGS)}")
     hf = read_hf_config(path)
-    cfg = FAMILIES[hf["model_type"]].config_from_hf(hf)
+    try:
+        cfg = FAMILIES[hf["model_type"]].config_from_hf(hf)
+    except KeyError as missing:  # a required key (hidden_size, d_model, ...) the family cannot default
+        needs = f"which model_type={hf['model_type']!r} needs"
+        raise ValueError(f"config.json of {path} lacks {missing}, {needs}") from None
     if rope_pairing != "half":
         if not isinstance(cfg.positions, RoPE):
             raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")
