@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }
+    load_before = os.getloadavg()[0]  # other processes' load: the numbers are only as quiet as the machine
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / NAME
         prompts = make_folder(folder, 512)
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         setting = (
             f"HF Llama folder {SHAPE['n_layers']}L d{SHAPE['d_model']} V{SHAPE['vocab']} fp32, "
             f"{args.threads} torch thread(s) per server, {args.max_tokens} new tokens, streamed chat, "
-            f"best of {args.rounds} interleaved rounds"
+            f"best of {args.rounds} interleaved rounds; 1-min load average {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs"
         )
         write_section("serve", "Serving: torchformer serve vs transformers serve", command, setting, text)
     return 0
