@@ -160,3 +160,55 @@ def test_the_quirks_bite(family):
     assert (ours(ids) - want).abs().max() < fc.TOL
     ours.lm_head.softcap = None  # the final soft-cap of 2 is below the raw logits
     assert (ours(ids) - want).abs().max() > 0.1
+
+
+BAD_CONFIGS = {  # name -> (config.json changes, the words the error must contain)
+    "gemma3_text": ({"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    "qwen3": ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    "smollm3": ({"no_rope_layers": [1, 0]}, "no_rope_layers=[1, 0]: must have num_hidden_layers=6 entries"),
+    "gemma2": ({"layer_types": ["chunked_attention"] * 6}, "layer_types=['chunked_attention'"),
+    "qwen2-upper-windows": ({"layer_types": ["sliding_attention"] * 2}, "must be 6 entries of"),
+    "gemma": ({"hidden_act": "relu"}, "hidden_act='relu': supported are"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_CONFIGS))
+def test_unsupported_checkpoint_settings_fail_before_any_tensor_is_read(family, name, tmp_path):
+    import json
+    import shutil
+
+    folder, _ = family(name)
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    (bad / "model.safetensors").write_bytes(b"not a safetensors file")  # reading it would fail differently
+    config = json.loads((bad / "config.json").read_text())
+    changes, words = BAD_CONFIGS[name]
+    (bad / "config.json").write_text(json.dumps({**config, **changes}))
+    with pytest.raises(ValueError) as err:
+        from_hf(bad)
+    assert words in str(err.value), str(err.value)
+
+
+def test_layer_kinds_the_format_cannot_say_are_refused(tmp_path):
+    import torchformer as tfm
+    from torchformer.config import LayerKind
+    from torchformer.interop import to_hf
+
+    cfg = config_from_hf(family_config("qwen3", tmp_path / "cfg")).replace(
+        layer_kinds=("a", "a", "b", "b", "c", "c"),
+        kinds={"a": LayerKind(sliding_window=3), "b": LayerKind(sliding_window=5), "c": LayerKind(sliding_window=None)},
+    )
+    with pytest.raises(ValueError, match=r"sliding windows \[3, 5\]: config.json has one sliding_window"):
+        to_hf(tfm.build_model(cfg), tmp_path / "x", model_type="qwen3")
+    nope = cfg.replace(layer_kinds=("a",) * 5 + ("b",), kinds={"a": LayerKind(), "b": LayerKind(rope=None)})
+    with pytest.raises(ValueError, match="qwen3 has no NoPE layers"):
+        to_hf(tfm.build_model(nope), tmp_path / "y", model_type="qwen3")
+    with pytest.raises(ValueError, match="a layer kind with its own RoPE or NoPE"):
+        to_hf(tfm.build_model(nope.replace(attention={"qk_norm": None})), tmp_path / "z", model_type="llama")
+
+
+def family_config(name: str, folder):
+    """``folder`` holding only the config.json of spec ``name`` (no weights needed)."""
+    config, _ = SPECS[name]()
+    config.save_pretrained(folder)
+    return folder
