@@ -13,6 +13,7 @@ tied. Other test folders import ``variants``, ``params`` (pytest ids), ``config`
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from functools import cache
@@ -119,6 +120,61 @@ def config(v: dict, **changes) -> tfm.ModelConfig:
         final_logits_bias=v["bias"] and v["arch"] != "encoder",
     )
     return cfg.replace(**changes) if changes else cfg
+
+
+# Issue 14 part B axes (Gemma norms, sandwich/output norm placement, QK-norm, soft-caps and head
+# scale, layer kinds) in their own covering array, so the main grid's consumers keep their meaning;
+# tests/models/test_grid_quirks.py runs the core properties over it (31 rows).
+QUIRK_AXES: dict[str, tuple] = {
+    "arch": ("decoder", "encoder"),
+    "norm": ("rmsnorm_1p", "rmsnorm", "layernorm"),
+    "placement": ("sandwich", "output", "pre"),
+    "position": ("rope-half", "rope-interleaved", "rope-partial-yarn", "alibi", "none"),
+    "quirk": ("qk-head", "qk-width", "softcaps", "kinds", "none"),
+    "heads": ("gqa", "mqa", "mha"),
+    "backend": ("math", "sdpa"),
+}
+
+
+@cache
+def _quirk_rows() -> tuple[tuple[tuple[str, object], ...], ...]:
+    return tuple(tuple(row.items()) for row in pairwise(QUIRK_AXES))
+
+
+def quirk_variants() -> list[dict]:
+    return [dict(row) for row in _quirk_rows()]
+
+
+def quirk_id(v: dict) -> str:
+    return "-".join(str(v[k]) for k in QUIRK_AXES)
+
+
+def quirk_config(v: dict) -> tfm.ModelConfig:
+    """A 2-layer SwiGLU model with the row's part-B settings. "kinds": layer 0 a windowed kind
+    (decoders) with its own RoPE base, layer 1 NoPE (where the positions are RoPE or none)."""
+    row = dict(arch=v["arch"], norm=v["norm"], placement=v["placement"], position=v["position"], mlp="swiglu",
+               heads=v["heads"], backend=v["backend"], bias=False)  # fmt: skip
+    cfg = config(row)
+    rope = cfg.positions if isinstance(cfg.positions, tfm.RoPE) else None
+    rotary = rope is not None or cfg.positions is None
+    quirks = {
+        "none": {},
+        "qk-head": dict(attention={"qk_norm": "head"}),
+        "qk-width": dict(attention={"qk_norm": "width"}),
+        "softcaps": dict(attention={"softcap": 2.0}, embed_scale=True, embed_scale_in_dtype=True)
+        | ({} if v["arch"] == "encoder" else dict(final_softcap=1.5, head_scale=0.5)),
+        "kinds": dict(
+            layer_kinds=("a", "b"),
+            kinds={
+                "a": tfm.LayerKind(
+                    sliding_window=3 if v["arch"] == "decoder" else "inherit",
+                    rope=dataclasses.replace(rope, base=100.0) if rope is not None else "inherit",
+                ),
+                "b": tfm.LayerKind(rope=None if rotary else "inherit"),
+            },
+        ),
+    }
+    return cfg.replace(**quirks[v["quirk"]])
 
 
 def build(v: dict, seed: int = 0, *, sharp: bool = True, **changes) -> torch.nn.Module:

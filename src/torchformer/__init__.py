@@ -11,6 +11,7 @@ from .config import (
     AttentionConfig,
     BlockConfig,
     DynamicNTK,
+    LayerKind,
     Learned,
     LinearScaling,
     Llama3Scaling,
@@ -20,6 +21,7 @@ from .config import (
     RoPE,
     Sinusoidal,
     YaRN,
+    layer_pattern,
 )
 from .evaluation import embed
 from .generation import beam_search, generate, stream
@@ -35,6 +37,7 @@ from .nn.kv_cache import KVCache
 from .verify import verify
 
 __all__ = [
+    "layer_pattern",
     "__version__",
     "ALiBi",
     "AttentionConfig",
@@ -48,6 +51,7 @@ __all__ = [
     "Encoder",
     "EncoderDecoder",
     "KVCache",
+    "LayerKind",
     "Learned",
     "ModelConfig",
     "RelativeBias",
