@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from tests.serve.conftest import client, httpx
 
@@ -97,13 +96,12 @@ def test_bad_model_is_a_clear_error():
     assert result.returncode == 2 and "neither a folder" in result.stderr
 
 
-def test_quantize_uses_tfm_quantize_or_says_it_is_missing():
+def test_quantize_loads_through_tfm_quantize():
     import torchformer as tfm
     from torchformer.cli.serve import loader
 
-    if getattr(tfm, "quantize", None) is None:
-        with pytest.raises(ValueError, match="--quantize int8: this build has no tfm.quantize"):
-            loader("llama-tiny", "int8", 0)
-    else:
-        assert isinstance(loader("llama-tiny", "int8", 0)(), torch.nn.Module)
-    assert isinstance(loader("llama-tiny", None, 0)(), tfm.DecoderLM)
+    for scheme in ("int8", "int4"):
+        model = loader("llama-tiny", scheme, 0)()
+        assert model.quantization.scheme == scheme
+    plain = loader("llama-tiny", None, 0)()
+    assert isinstance(plain, tfm.DecoderLM) and getattr(plain, "quantization", None) is None

@@ -299,3 +299,19 @@ def test_a_stuck_engine_is_not_healthy(tiny):
     finally:
         release.set()
         engine.stop()
+
+
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantized_model_serves_what_generate_gives(tiny, scheme):
+    """--quantize: the engine runs the quantized linears like generate does (no special path)."""
+    model = tfm.quantize(tfm.build_model(tiny.config).eval(), scheme, group_size=None if scheme == "int8" else 32)
+    engine = make_engine(model, slots=2)
+    try:
+        sinks = [Collect(), Collect()]
+        engine.submit([5, 6, 7], options(10), sinks[0])
+        engine.submit([1, 2], options(10, temperature=0.9, seed=4), sinks[1])
+        assert all(s.ended.wait(30) for s in sinks)
+    finally:
+        engine.stop()
+    assert sinks[0].tokens == generate_alone(model, [5, 6, 7], 10, {})
+    assert sinks[1].tokens == generate_alone(model, [1, 2], 10, {"temperature": 0.9, "seed": 4})

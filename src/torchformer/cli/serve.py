@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--served-model-name", default=None, help="the id clients pass as `model` (default: folder name)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies answer 413")
-    p.add_argument("--quantize", choices=["int8"], default=None, help="weight-only quantization (tfm.quantize)")
+    p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantization (tfm.quantize)")
     p.add_argument("--compile", action="store_true", help="torch.compile the batched decode step")
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -46,15 +46,15 @@ def server_modules():
 
 
 def loader(spec: str, quantize: str | None, seed: int):
-    import torchformer
-
-    quantizer = getattr(torchformer, "quantize", None)
-    if quantize is not None and quantizer is None:
-        raise ValueError(f"--quantize {quantize}: this build has no tfm.quantize (weight-only quantization)")
+    """What the engine thread calls to get the model (it loads there: /health is 503 meanwhile)."""
 
     def load():
         model = load_any(spec, seed=seed).eval()
-        return model if quantize is None else quantizer(model, quantize)
+        if quantize is None:
+            return model
+        from ..models.quantize import quantize as quantize_model
+
+        return quantize_model(model, quantize)
 
     return load
 

@@ -173,7 +173,7 @@ class Engine:
                 if not isinstance(self.model, DecoderLM):
                     raise ValueError(f"serve needs a decoder-only model, got {type(self.model).__name__}")
                 cfg = self.model.config
-                self.context, self.device = cfg.max_seq_len, self.model.lm_head.weight.device
+                self.context, self.device = cfg.max_seq_len, self.model.embed.tok.weight.device  # the head may be int8
                 self.eos = frozenset([] if cfg.eos_token_id is None else [cfg.eos_token_id])
                 self.texts = self.make_texts(cfg.vocab_size)
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
