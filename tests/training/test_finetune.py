@@ -197,3 +197,11 @@ def test_non_utf8_data_names_file_and_offset(plays, tmp_path):
     with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text \(byte 0xe1 at byte offset 3"):
         train(tiny_recipe(tmp_path / "out", bad))
     assert not (tmp_path / "out").exists()
+
+
+def test_packaged_lora_recipe_loads(plays):
+    root, _ = plays
+    r = recipes.load("lora-shakespeare", [f"model.init={root / 'base'}", f"data.source={root / 'held_out.txt'}"])
+    assert r.finetune.lora.rank == 8 and r.model["init"] == str(root / "base")
+    with pytest.raises(ValueError, match="model.init='runs/nowhere'"):
+        recipes.load("lora-shakespeare", ["model.init=runs/nowhere"])
