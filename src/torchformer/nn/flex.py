@@ -81,7 +81,9 @@ def _compiled_kernel():
     # dynamic=False: one specialised kernel per shape (and pattern); generation keeps shapes
     # static. Past dynamo's recompile limit the call would run the eager kernel, which
     # materialises the scores: raise the limit (a process-wide dynamo setting) instead.
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    from torch._dynamo import config as dynamo_settings
+
+    dynamo_settings.recompile_limit = max(dynamo_settings.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
 
 
