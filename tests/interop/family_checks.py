@@ -5,8 +5,11 @@ own loader, torchformer -> HF -> torchformer bit-equal, and ``verify``."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 import torchformer as tfm
@@ -106,3 +109,14 @@ def ours_round_trip(cfg: tfm.ModelConfig, out: Path, model_type: str) -> None:
 def verify_passes(folder: Path) -> None:
     report = verify(from_hf(folder), untrained=False, flop_budget=3e7)
     assert report.ok, report.table()
+
+
+def unloadable_with(folder: Path, out: Path, match: str, **changes) -> None:
+    """from_hf of a copy of ``folder`` whose config.json has ``changes`` raises a ValueError
+    matching ``match``; its weights file is garbage, so the error must come before any read."""
+    shutil.copytree(folder, out, dirs_exist_ok=True)
+    (out / "model.safetensors").write_bytes(b"not a safetensors file")
+    hf = json.loads((folder / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(hf, **changes)))
+    with pytest.raises(ValueError, match=match):
+        from_hf(out)

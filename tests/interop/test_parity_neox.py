@@ -105,16 +105,7 @@ def test_query_key_value_split_fuse_round_trip(shape):
 
 
 def test_unsupported_settings_are_named_before_any_tensor_is_read(neox, tmp_path):
-    import json
-    import shutil
-
     folder, _ = neox("neox")
-    bad = tmp_path / "bad"
-    shutil.copytree(folder, bad)
-    (bad / "model.safetensors").write_bytes(b"not a safetensors file")  # never opened
-    hf = json.loads((folder / "config.json").read_text())
-    (bad / "config.json").write_text(json.dumps(dict(hf, hidden_act="quick_gelu")))
-    with pytest.raises(ValueError, match="hidden_act='quick_gelu'"):
-        from_hf(bad)
+    fc.unloadable_with(folder, tmp_path / "bad", "hidden_act='quick_gelu'", hidden_act="quick_gelu")
     with pytest.raises(ValueError, match="rope_pairing='interleaved' is not supported for gpt_neox"):
         from_hf(folder, rope_pairing="interleaved")
