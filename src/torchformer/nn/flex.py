@@ -76,12 +76,11 @@ RECOMPILE_LIMIT = 64  # shapes per process: dynamo's default (8) would silently 
 
 @functools.cache
 def _compiled_kernel():
-    from torch.nn.attention.flex_attention import flex_attention
-
     # dynamic=False: one specialised kernel per shape (and pattern); generation keeps shapes
     # static. Past dynamo's recompile limit the call would run the eager kernel, which
     # materialises the scores: raise the limit (a process-wide dynamo setting) instead.
     from torch._dynamo import config as dynamo_settings
+    from torch.nn.attention.flex_attention import flex_attention
 
     dynamo_settings.recompile_limit = max(dynamo_settings.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(flex_attention, dynamic=False)
