@@ -116,7 +116,7 @@ def unfit(cfg: ModelConfig) -> list[str]:
     dense = dense_layers(cfg)
     rules = [
         (m.router == "sigmoid" and m.score_bias and not m.shared_gate, "needs a sigmoid router with score_bias"),
-        (m.n_shared == 0 or m.d_shared is None, "shared experts n_shared * d_expert wide"),
+        (m.n_shared >= 1 and m.d_shared is None, "n_shared >= 1 shared experts, n_shared * d_expert wide"),
         (dense == list(range(len(dense))), f"dense layers {dense} must come first (first_k_dense_replace)"),
         (all(k.sliding_window == "inherit" and k.rope == "inherit" for k in cfg.kinds), "kinds differ only in mlp"),
         (math.isclose(mla.mscale, yarn_mscale(cfg.positions)), f"mla.mscale={mla.mscale} must follow the yarn RoPE"),
