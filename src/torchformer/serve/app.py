@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
+import threading
 import time
 
 from starlette.applications import Starlette
@@ -40,6 +42,29 @@ def sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
 
 
+class Mailbox:
+    """Events from the engine thread to the requests' queues on the event loop. All the events of
+    one engine step reach the loop in one wake-up (one call_soon_threadsafe), not one per request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.lock, self.pending, self.scheduled = loop, threading.Lock(), [], False
+
+    def post(self, queue: asyncio.Queue, event) -> None:  # on the engine thread
+        with self.lock:
+            self.pending.append((queue, event))
+            if self.scheduled:
+                return
+            self.scheduled = True
+        with contextlib.suppress(RuntimeError):  # the event loop has closed (server shutting down)
+            self.loop.call_soon_threadsafe(self.deliver)
+
+    def deliver(self) -> None:  # on the event loop
+        with self.lock:
+            batch, self.pending, self.scheduled = self.pending, [], False
+        for queue, event in batch:
+            queue.put_nowait(event)
+
+
 class Server:
     def __init__(
         self, engine: Engine, model_name: str, chat: ChatTemplate | None, api_key: str | None, max_body_bytes: int
@@ -47,6 +72,7 @@ class Server:
         self.engine, self.model_name, self.chat = engine, model_name, chat
         self.api_key, self.max_body_bytes = api_key, max_body_bytes
         self.started = int(time.time())
+        self.mailbox: Mailbox | None = None  # made on the first request, on the server's event loop
 
     def authorize(self, request: Request) -> None:
         if self.api_key is None:
@@ -95,13 +121,10 @@ class Server:
             raise APIError(503, f"not ready: {self.engine.state()}", type="server_error", code="not_ready")
 
     async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape):
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-        def sink(event) -> None:  # called on the engine thread
-            with contextlib.suppress(RuntimeError):  # the event loop has closed (server shutting down)
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-
-        job = self.engine.submit(ids, params, sink)
+        queue = asyncio.Queue()
+        if self.mailbox is None:
+            self.mailbox = Mailbox(asyncio.get_running_loop())
+        job = self.engine.submit(ids, params, functools.partial(self.mailbox.post, queue))
         if params.stream:
             return StreamingResponse(
                 self.stream(queue, job, shape, params),
