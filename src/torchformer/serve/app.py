@@ -42,6 +42,21 @@ def sse(data) -> bytes:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
 
 
+class EventStream(StreamingResponse):
+    """An SSE response that cancels its request however it ends: finished (a no-op then),
+    disconnected mid-stream, or cancelled before the body generator ever ran."""
+
+    def __init__(self, on_close, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
 class Mailbox:
     """Events from the engine thread to the requests' queues on the event loop. All the events of
     one engine step reach the loop in one wake-up (one call_soon_threadsafe), not one per request."""
@@ -126,8 +141,9 @@ class Server:
             self.mailbox = Mailbox(asyncio.get_running_loop())
         job = self.engine.submit(ids, params, functools.partial(self.mailbox.post, queue))
         if params.stream:
-            return StreamingResponse(
-                self.stream(queue, job, shape, params),
+            return EventStream(
+                functools.partial(self.engine.cancel, job),
+                self.stream(queue, shape, params),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -155,30 +171,24 @@ class Server:
         self.engine.cancel(job)
         queue.put_nowait(None)
 
-    async def stream(self, queue: asyncio.Queue, job, shape: CompletionShape, params):
-        done = False
-        try:
-            first = shape.first(params.include_usage)
-            if first is not None:
-                yield sse(first)
-            while True:
-                event = await queue.get()
-                if isinstance(event, Failed):  # the OpenAI client raises APIError on an "error" event
-                    done = True
-                    yield sse(event.error.envelope())
-                    break
-                if isinstance(event, Delta) and (event.text or params.return_token_ids):
-                    yield sse(shape.chunk(event.text, event.token_ids, None, params.include_usage))
-                if isinstance(event, Done):
-                    done = True
-                    yield sse(shape.chunk("", None, event.finish_reason, params.include_usage))
-                    if params.include_usage:
-                        yield sse(shape.usage_chunk(usage(event.prompt_tokens, event.completion_tokens)))
-                    break
-            yield sse("[DONE]")
-        finally:
-            if not done:  # disconnected mid-stream (Starlette cancels this generator)
-                self.engine.cancel(job)
+    async def stream(self, queue: asyncio.Queue, shape: CompletionShape, params):
+        """The SSE body; EventStream cancels the request if this stops early (a disconnect)."""
+        first = shape.first(params.include_usage)
+        if first is not None:
+            yield sse(first)
+        while True:
+            event = await queue.get()
+            if isinstance(event, Failed):  # the OpenAI client raises APIError on an "error" event
+                yield sse(event.error.envelope())
+                break
+            if isinstance(event, Delta) and (event.text or params.return_token_ids):
+                yield sse(shape.chunk(event.text, event.token_ids, None, params.include_usage))
+            if isinstance(event, Done):
+                yield sse(shape.chunk("", None, event.finish_reason, params.include_usage))
+                if params.include_usage:
+                    yield sse(shape.usage_chunk(usage(event.prompt_tokens, event.completion_tokens)))
+                break
+        yield sse("[DONE]")
 
     async def models(self, request: Request):
         card = {"id": self.model_name, "object": "model", "created": self.started, "owned_by": "torchformer"}
