@@ -14,17 +14,25 @@ the base (``lora.json``); resume rebuilds the base from model.init and loads the
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
+import os
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import lora
+from ..atomic import fsync_path
 from ..config import ModelConfig
 from ..loading import TOKENIZER_FILE, load_any, model_kind
+from ..models.saving import WEIGHTS_FILE, unique_state
+from .checkpoint import ADAPTERS
 
-ADAPTERS, LORA_FILE, EVAL_FILE = "adapters.safetensors", "lora.json", "eval.json"
+EVAL_FILE = "eval.json"
+logger = logging.getLogger(__name__)
 # Model fields a recipe may change on top of model.init, and why they are safe.
 SAFE = {
     "init": "the model to start from",
@@ -162,6 +170,27 @@ def lora_record(recipe) -> dict | None:
 
 def load_weights(model: nn.Module, state: dict, load_full) -> None:
     (lora.load_state if lora.adapters(model) else load_full)(model, state)
+
+
+def export(recipe, model: nn.Module, out: Path) -> None:
+    """A LoRA run's folder also gets the merged model (model.safetensors beside config.json, so
+    tfm.load, generate and eval open the run as any other) and, where the model has a Hugging Face
+    family, the adapter in PEFT format under <out_dir>/adapter. Checkpoints stay adapters only."""
+    if not lora.adapters(model):
+        return
+    try:
+        merged = lora.merge(copy.deepcopy(model))
+    except ValueError as err:  # a quantized base cannot be merged: the run folder keeps the adapters
+        logger.warning("LoRA run %s: not merged (%s)", out, err)
+    else:
+        tmp = out / f".{WEIGHTS_FILE}.tmp"
+        save_file(unique_state(merged), str(tmp))
+        fsync_path(tmp)
+        os.replace(tmp, out / WEIGHTS_FILE)
+    try:
+        lora.save(model, out / "adapter", base_model=recipe.model.get("init"))
+    except ValueError as err:  # no HF family fits this model, or a fused layout
+        logger.info("LoRA run %s: no PEFT adapter written (%s)", out, err)
 
 
 def evaluate_file(recipe, model: nn.Module, tok, out: Path) -> dict | None:

@@ -171,6 +171,8 @@ def train(
                 break
         if rt.is_main and step > start:
             plot_losses(metrics_file, out / "loss.png")
+        if rt.is_main:
+            finetune.export(recipe, model, out)  # LoRA: the merged model and a PEFT adapter in the run folder
         scored = finetune.evaluate_file(recipe, model, tok, out) if rt.is_main else None  # data.eval_file
         if scored is not None:
             reporter.message(f"eval {scored}")
