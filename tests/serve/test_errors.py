@@ -205,3 +205,12 @@ def test_health_is_503_while_loading_and_after_death(model_dir, tiny):
         loaded.set()
         running.stop()
         engine.stop()
+
+
+def test_request_timeout_ends_with_length_through_the_client(model_dir, tiny):
+    with serving(model_dir, tiny, slots=1, request_timeout=0.5) as (engine, url):
+        slow_steps(engine, 0.05)
+        out = client(url).completions.create(model=NAME, prompt="the", max_tokens=80)
+        assert out.choices[0].finish_reason == "length" and 1 <= out.usage.completion_tokens < 80
+        chunks = list(client(url).completions.create(model=NAME, prompt="the", max_tokens=80, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "length"
