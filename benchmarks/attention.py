@@ -14,6 +14,8 @@ systems interleaved within a round. The first call per shape compiles flex: repo
 
     python -m benchmarks.attention                                 # full table; rewrites RESULTS.md
     python -m benchmarks.attention --lengths 1024 --rounds 1 --no-write
+    python -m benchmarks.attention --threads 1    # on a busy machine: many mid-size matmuls suffer
+                                                  # most from contended OpenMP threads
 """
 
 from __future__ import annotations
@@ -168,8 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="fwd,fwd+bwd")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--dense-max-gb", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":  # see the module docstring
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
         cmd = [sys.executable, "-m", "benchmarks.attention", *(argv if argv is not None else sys.argv[1:])]

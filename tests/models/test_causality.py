@@ -52,6 +52,10 @@ def test_check_catches_a_stack_that_drops_is_causal(v, monkeypatch):
     model = grid.build(v)
     ids = torch.randint(0, grid.VOCAB, (2, T))
     original = stack_module.Stack.context
-    monkeypatch.setattr(stack_module.Stack, "context", lambda *a: original(*a)._replace(is_causal=False))
+    def dropped(*a):  # every layer kind's context loses is_causal (forward reads ctx.by_kind)
+        ctx = original(*a)
+        return ctx._replace(is_causal=False, by_kind=tuple(c._replace(is_causal=False) for c in ctx.by_kind))
+
+    monkeypatch.setattr(stack_module.Stack, "context", dropped)
     before, _ = leaks(model, ids, 6)
     assert before > 0.0
