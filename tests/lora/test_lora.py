@@ -127,3 +127,12 @@ def test_tied_head_and_double_apply_refused():
     tfm.lora.apply(model, targets=("q_proj",))
     with pytest.raises(ValueError, match="already carries LoRA"):
         tfm.lora.apply(model, targets=("v_proj",))
+
+
+def test_lora_forwards_never_compare_strings_or_read_config():
+    """DESIGN 3 for the adapter layers too (the AST rule of tests/models/test_build.py)."""
+    from pathlib import Path
+
+    from tests.models.test_build import test_building_blocks_never_compare_strings_or_read_config as rule
+
+    rule(Path(tfm.lora.__file__).with_name("layer.py"))

@@ -139,3 +139,26 @@ def test_bad_lines_named(tmp_path, line, match):
 def test_instruct_recipe_checks():
     with pytest.raises(ValueError, match="data.instruct=true: needs data.task 'lm'"):
         recipes.check(recipes.from_dict({"data": {"instruct": True, "task": "mlm"}}))
+
+
+def test_answer_tokens_counted_across_micro_batches(tmp_path):
+    """Rows with very different answer lengths: 2 micro-batches give the gradient of one batch
+    (loss / answer tokens of the whole batch), with the model under LoRA as in fine-tuning."""
+    import contextlib
+
+    from torchformer.training.distributed import Runtime
+    from torchformer.training.train import accumulate
+
+    rows = [{"prompt": "p" * n, "completion": "c" * m} for n, m in [(3, 1), (1, 9), (6, 2), (2, 5)] * 3]
+    data = prepare(_recipe(tmp_path, _write(tmp_path / "r.jsonl", rows)), None)
+    objective = CausalLM(tfm.lora.apply(_model(data.tokenizer.vocab_size), rank=2, targets=("q_proj", "mlp.up")))
+    batch = InstructBatches(data, batch_size=4, seq_len=64, seed=0).collate(data.train[:4])
+    cpu = Runtime(rank=0, world=1, device=torch.device("cpu"))
+    grads = []
+    for accum in (1, 2):
+        objective.zero_grad()
+        accumulate(objective, batch, cpu, accum, contextlib.nullcontext)
+        grads.append({n: p.grad.clone() for n, p in objective.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and all(".lora_" in n for n in grads[0])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=0, msg=name)
