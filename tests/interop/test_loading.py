@@ -99,16 +99,17 @@ def test_config_fields_mapped():
         }
     )
     assert (qwen.attention.bias, qwen.attention.o_bias, qwen.attention.sliding_window) == (True, False, 16)
-    with pytest.raises(ValueError, match="some layers only"):
-        llama_config(
-            {
-                **LLAMA,
-                "model_type": "qwen2",
-                "use_sliding_window": True,
-                "sliding_window": 16,
-                "layer_types": ["full_attention", "sliding_attention"],
-            }
-        )
+    # A window on some layers only is two layer kinds (issue 14 part B).
+    mixed = llama_config(
+        {
+            **LLAMA,
+            "model_type": "qwen2",
+            "use_sliding_window": True,
+            "sliding_window": 16,
+            "layer_types": ["full_attention", "sliding_attention"],
+        }
+    )
+    assert [k.sliding_window for k in mixed.kinds] == [None, 16] and mixed.layer_kinds == ("full", "sliding")
 
 
 def test_config_from_hf_reads_only_the_config(hf_model):

@@ -27,10 +27,13 @@ def shrink_config(cfg: ModelConfig) -> ModelConfig:
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
     }
     window = a.sliding_window
+    # Layer kinds: one layer of each kind, in order of first use (Gemma 3: sliding, full).
+    kinds = None if cfg.layer_kinds is None else tuple(dict.fromkeys(cfg.layer_kinds))
     return cfg.replace(
         vocab_size=vocab,
         d_model=d_model,
-        n_layers=min(cfg.n_layers, LAYERS),
+        n_layers=min(cfg.n_layers, LAYERS) if kinds is None else len(kinds),
+        layer_kinds=kinds,
         n_decoder_layers=None if cfg.n_decoder_layers is None else min(cfg.n_decoder_layers, LAYERS),
         attention={"n_heads": heads, "n_kv_heads": kv, "head_dim": None, "sliding_window": window},
         block={"d_ff": d_ff},
