@@ -41,6 +41,8 @@ QKNorm = Literal["head", "width"]
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh"]
 Backend = Literal["math", "sdpa", "flex", "auto"]
 Init = Literal["normal", "xavier"]
+# How an encoder numbers a padded row: by column (BERT) or by counting real tokens (RoBERTa, fairseq).
+EncoderPositions = Literal["columns", "counted"]
 GATED: frozenset[str] = frozenset({"swiglu", "geglu", "geglu_tanh"})
 
 
@@ -188,6 +190,8 @@ class ModelConfig:
     layer_kinds / kinds: layers that differ (window, RoPE or NoPE per kind; layer_configs.py).
     moe: expert MLPs (Mixtral, Qwen-MoE, DeepSeek); mla: multi-head latent attention (DeepSeek-V2/V3);
     both in moe_configs.py.
+    encoder_positions (arch="encoder"): "columns" numbers tokens by column (BERT); "counted" by the
+    real tokens before each one, so left padding does not shift them (RoBERTa's fairseq numbering).
     """
 
     arch: Arch = "decoder"
@@ -220,6 +224,7 @@ class ModelConfig:
     kinds: tuple[LayerKind, ...] = ()
     moe: MoE | None = None
     mla: LatentAttention | None = None
+    encoder_positions: EncoderPositions = "columns"
 
     def __post_init__(self) -> None:
         _raise("ModelConfig", _type_problems(self, ""))
@@ -229,6 +234,9 @@ class ModelConfig:
         p: list[str] = []
         _check_choice(p, "arch", self.arch, Arch)
         _check_choice(p, "init", self.init, Init)
+        _check_choice(p, "encoder_positions", self.encoder_positions, EncoderPositions)
+        if self.encoder_positions != "columns":
+            _check(p, self.arch == "encoder", "encoder_positions", self.encoder_positions, "only for arch='encoder'")
         for name in ("vocab_size", "d_model", "n_layers", "max_seq_len"):
             value = getattr(self, name)
             _check(p, isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")

@@ -238,6 +238,7 @@ _PRESETS = {
     # table), one token type, eps 1e-5.
     "roberta-base": lambda: _bert(50265, 768, 12, 12, 3072).replace(
         positions=Learned(offset=2),
+        encoder_positions="counted",  # fairseq numbers real tokens only
         n_token_types=1,
         block={"norm_eps": 1e-5},
         pad_token_id=1,

@@ -64,6 +64,7 @@ def unfit(cfg: ModelConfig) -> list[str]:
             "needs embed_norm, no scale, no final norm",
         ),
         (cfg.n_token_types >= 1, "needs n_token_types >= 1"),
+        (cfg.encoder_positions == "columns", "needs encoder_positions='columns' (BERT numbers by column)"),
     ]
     rules += biased_layernorm_rules(cfg, "post")
     return [why for ok, why in rules if not ok]

@@ -53,6 +53,7 @@ def unfit(cfg: ModelConfig) -> list[str]:
         (isinstance(cfg.positions, Learned) and cfg.positions.offset == 0, "needs Learned() positions"),
         (cfg.embed_norm and not (cfg.embed_scale or cfg.has_final_norm), "needs embed_norm, no scale, no final norm"),
         (cfg.n_token_types == 0, f"n_token_types={cfg.n_token_types} (DistilBERT has none)"),
+        (cfg.encoder_positions == "columns", "needs encoder_positions='columns' (DistilBERT numbers by column)"),
         (cfg.block.norm_eps == EPS, f"block.norm_eps={cfg.block.norm_eps} (DistilBERT fixes {EPS})"),
     ]
     rules += biased_layernorm_rules(cfg, "post")

@@ -3,9 +3,8 @@
 fairseq numbers real tokens from padding_idx + 1 (the pad id, 1, owns row 1 of the table and
 rows 0..1 are never used by real tokens), so the table has max_position_embeddings =
 max_seq_len + padding_idx + 1 rows: ``Learned(offset=padding_idx + 1)``. HF derives position ids
-by counting non-pad tokens, which equals our column index for every real token of a
-right-padded batch (what encoders get); for left padding pass ``positions`` (the count of real
-tokens before each one), as the tests do. One token type (type_vocab_size 1); task heads
+by counting non-pad tokens, which is ``encoder_positions="counted"`` (the count of real tokens
+before each one): left-padded rows get the positions they have alone. One token type (type_vocab_size 1); task heads
 (``lm_head.*``, the pooler) are dropped on load, deliberately and by name.
 """
 
@@ -31,15 +30,22 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if not isinstance(pad, int) or pad < 0:
         hf_bert.unsupported(hf["model_type"], [f"pad_token_id={pad!r}: positions start after it, so it must be set"])
     cfg = hf_bert.config_from_hf(hf)
-    return cfg.replace(positions=Learned(offset=pad + 1), max_seq_len=hf.get("max_position_embeddings", 514) - pad - 1)
+    return cfg.replace(
+        positions=Learned(offset=pad + 1),
+        max_seq_len=hf.get("max_position_embeddings", 514) - pad - 1,
+        encoder_positions="counted",
+    )
 
 
 def unfit(cfg: ModelConfig) -> list[str]:
-    """BERT's rules, with positions offset by pad_token_id + 1 instead of none."""
+    """BERT's rules, with positions offset by pad_token_id + 1 and counted instead of by column."""
     pos, pad = cfg.positions, cfg.pad_token_id
-    ok = isinstance(pos, Learned) and pad is not None and pos.offset == pad + 1
-    as_bert = cfg.replace(positions=Learned()) if isinstance(pos, Learned) else cfg
-    return ([] if ok else ["needs Learned(offset=pad_token_id + 1) positions"]) + hf_bert.unfit(as_bert)
+    rules = [
+        (isinstance(pos, Learned) and pad is not None and pos.offset == pad + 1, "needs Learned(offset=pad_id + 1)"),
+        (cfg.encoder_positions == "counted", "needs encoder_positions='counted'"),
+    ]
+    as_bert = cfg.replace(positions=Learned(), encoder_positions="columns") if isinstance(pos, Learned) else cfg
+    return [why for ok, why in rules if not ok] + hf_bert.unfit(as_bert)
 
 
 def config_to_hf(cfg: ModelConfig, dtype: str, model_type: str = "roberta") -> tuple[dict[str, Any], None]:

@@ -35,6 +35,7 @@ from .build_positions import (  # noqa: F401
     rotary,
     score_bias,
 )
+from .encoder import by_column, by_count
 from .stack import Embeddings, KindContext, Stack, embed_scale, times, times_in_dtype
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_1p": OffsetRMSNorm}
@@ -57,6 +58,7 @@ RESIDUALS = {"pre": pre_norm, "post": post_norm, "parallel": parallel, "parallel
              "output": pre_norm, "sandwich": pre_norm}  # fmt: skip
 # placement -> (a norm before each sublayer, a norm on its output before the residual add)
 SUBLAYER_NORMS = {"output": (False, True), "sandwich": (True, True)}  # others: (True, False)
+ENCODER_POSITIONS = {"columns": by_column, "counted": by_count}  # encoder_positions -> numbering (RoBERTa: counted)
 EMBED_PRODUCTS = {False: times, True: times_in_dtype}  # embed_scale_in_dtype -> the product (Gemma: True)
 QUANT_LINEARS = {"int8": Int8Linear, "int4": Int4Linear}  # tfm.quantize scheme -> module (weight-only)
 
@@ -199,7 +201,12 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     if cfg.arch == "decoder":
         model = DecoderLM(cfg, embeddings(cfg, tok), stack(cfg, cfg.n_layers, causal=True), lm_head(cfg, tok))
     elif cfg.arch == "encoder":
-        model = Encoder(cfg, embeddings(cfg, tok, cfg.n_token_types), stack(cfg, cfg.n_layers, causal=False))
+        model = Encoder(
+            cfg,
+            embeddings(cfg, tok, cfg.n_token_types),
+            stack(cfg, cfg.n_layers, causal=False),
+            ENCODER_POSITIONS[cfg.encoder_positions],
+        )
     else:
         tgt_tok = tok if cfg.share_embeddings else embedding(cfg.vocab_size, cfg.d_model)
         model = EncoderDecoder(

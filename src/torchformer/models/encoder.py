@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from ..config import ModelConfig
@@ -10,11 +12,22 @@ from .checks import check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from
 
 
+def by_column(attention_mask: Tensor | None) -> None:
+    """Positions are columns (BERT): nothing of the mask is needed."""
+    return None
+
+
+def by_count(attention_mask: Tensor | None) -> Tensor | None:
+    """Positions count the real tokens before each one (RoBERTa): positions_from reads the mask."""
+    return attention_mask
+
+
 class Encoder(nn.Module):
-    def __init__(self, config: ModelConfig, embed: Embeddings, stack: Stack) -> None:
+    def __init__(self, config: ModelConfig, embed: Embeddings, stack: Stack, numbering: Callable = by_column) -> None:
         super().__init__()
         self.config = config
         self.embed, self.stack = embed, stack
+        self.numbering = numbering  # by_column or by_count, picked in build.py
 
     def forward(
         self,
@@ -30,8 +43,10 @@ class Encoder(nn.Module):
         check_mask(attention_mask, "attention_mask", input_ids, "input_ids")
         check_mask(token_type_ids, "token_type_ids", input_ids, "input_ids")
         check_positions(positions, input_ids, None, cfg.max_seq_len)
-        # Encoders pad on the right, so positions are columns (as in BERT), not counted tokens.
-        return self.hidden(input_ids, positions_from(input_ids, positions, None), attention_mask, token_type_ids)
+        # Encoders pad on the right, so columns (BERT) and counted tokens (RoBERTa) agree on real
+        # tokens there; with left padding only counting matches RoBERTa.
+        pos = positions_from(input_ids, positions, self.numbering(attention_mask))
+        return self.hidden(input_ids, pos, attention_mask, token_type_ids)
 
     def hidden(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, token_type_ids=None) -> Tensor:
         ctx = self.stack.context(pos, attention_mask, None)
