@@ -8,9 +8,9 @@ in-kernel form in FlexAttention, so a training forward with attention dropout ru
 reference on the dense pattern instead (exact, not O(T)).
 
 torch 2.13 has no FlexAttention backward on CPU (nor a compiled CPU kernel that returns the
-log-sum-exp): on every device the forward runs the compiled kernel and the backward is
-``flex_grad.tiled_backward``, the FlashAttention-2 backward over the 128-query tiles and key
-blocks the block mask says are visible, O(T) memory.
+log-sum-exp): on CPU the forward runs the compiled kernel and the backward is
+``flex_grad.tiled_backward``, the FlashAttention-2 backward over the query tiles and key blocks
+the block mask says are visible, O(T) memory. On CUDA FlexAttention's own backward runs.
 
 Legend: B batch, H query heads, K kv heads, T queries, S keys, E head dim.
 """
@@ -205,6 +205,9 @@ def flex_attention(
     blocks = pattern.blocks if pattern.blocks is not None else build_blocks(pattern)
     params = tuple(p for p in pattern.params if p.requires_grad)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or params):
+        if not q.is_cpu:  # CUDA: FlexAttention's own (Triton) backward; not run in this repo's CI
+            return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask,
+                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
         return _FlexFunction.apply(q, k, v, pattern, blocks, scale, softcap, *params)
     with torch.no_grad():  # nothing needs a gradient: one compiled variant, as in the training forward
         return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask,
