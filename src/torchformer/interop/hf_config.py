@@ -85,6 +85,20 @@ def token_fields(cfg: ModelConfig, names: tuple[str, ...] = TOKEN_FIELDS[:3]) ->
     return {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
 
 
+def decoder_sizes(cfg: ModelConfig) -> dict[str, Any]:
+    """The shape keys of a Llama-layout config.json (Llama, Qwen3, SmolLM3, OLMo 2, Gemma)."""
+    return {
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.attention.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.block.norm_eps,
+        "attention_dropout": cfg.attention.dropout,
+    }
+
+
 def common_out(cfg: ModelConfig, dtype: str, model_type: str, architecture: str) -> dict[str, Any]:
     """The keys every exported config.json carries."""
     return {

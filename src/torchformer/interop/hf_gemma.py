@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
-from .hf_config import common_out, token_ids, unsupported
+from .hf_config import common_out, decoder_sizes, token_ids, unsupported
 from .hf_kinds import FULL, SLIDING, kind_fields, layer_types, per_layer, ropes_by_type, windows_to_hf
 from .hf_llama import IGNORED, LLAMA_NORMS, layer_keymap  # noqa: F401 (IGNORED: the family's)
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
@@ -144,15 +144,8 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
     out = common_out(cfg, dtype, model_type, ARCHITECTURES[model_type])
     act = {"geglu_tanh": "gelu_pytorch_tanh", "geglu": "gelu"}[cfg.block.mlp]
     out.update(
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=a.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.block.norm_eps,
+        **decoder_sizes(cfg),
         attention_bias=a.bias,
-        attention_dropout=a.dropout,
         **rope_to_hf(cfg),
     )
     if model_type == "gemma":

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
-from .hf_config import common_out, token_ids, unsupported
+from .hf_config import common_out, decoder_sizes, token_ids, unsupported
 from .hf_kinds import SLIDING, kind_fields, layer_types, per_layer, windows_to_hf
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
@@ -132,15 +132,8 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
     model_type, a = model_type_for(cfg), cfg.attention
     out = common_out(cfg, dtype, model_type, ARCHITECTURES[model_type])
     out.update(
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=a.n_heads,
-        num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim,
+        **decoder_sizes(cfg),
         hidden_act="silu",
-        rms_norm_eps=cfg.block.norm_eps,
-        attention_dropout=a.dropout,
         **rope_to_hf(cfg),  # rope_theta (read by transformers 4.x), rope_parameters, max_position_embeddings
     )
     if model_type == "llama":
