@@ -124,3 +124,28 @@ def test_fused_layout_and_bad_folders_are_refused(tmp_path):
         tfm.lora.save(tfm.build_model(tfm.presets.get("llama-tiny")), tmp_path / "y")
     with pytest.raises(FileNotFoundError, match="not a PEFT adapter folder"):
         tfm.lora.load(tfm.build_model(tfm.presets.get("llama-tiny")), tmp_path)
+
+
+def test_eval_cli_applies_a_peft_adapter(tmp_path, capsys):
+    import json
+
+    from torchformer.cli.main import main
+    from torchformer.evaluation import strided_nll
+    from torchformer.training.tokenizers import build_tokenizer
+
+    tok = build_tokenizer("byte", "")
+    torch.manual_seed(0)
+    T.LlamaForCausalLM(T.LlamaConfig(**{**CFG, "vocab_size": 272})).save_pretrained(tmp_path / "hf")
+    (tmp_path / "hf" / "tokenizer.json").write_text(tok.to_json())
+    model = tfm.lora.apply(tfm.from_hf(tmp_path / "hf"), rank=4, targets=("q_proj", "v_proj"))
+    _lora_train(model)
+    tfm.lora.save(model, tmp_path / "adapter")
+    text = "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. " * 2
+    (tmp_path / "sonnet.txt").write_text(text)
+    argv = ["eval", str(tmp_path / "hf"), "--data", str(tmp_path / "sonnet.txt"), "--seq-len", "32", "--no-progress"]
+    assert main([*argv, "--adapter", str(tmp_path / "adapter")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = strided_nll(model, torch.as_tensor(tok.encode(text)), seq_len=32, stride=16)
+    assert out["loss"] == pytest.approx(expected.loss, rel=1e-5)
+    assert main(argv) == 0  # without the adapter: the base model's (different) loss
+    assert json.loads(capsys.readouterr().out)["loss"] != pytest.approx(expected.loss, rel=1e-3)
