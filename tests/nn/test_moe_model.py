@@ -164,3 +164,34 @@ BAD = [
 def test_bad_settings_name_the_field(make, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
         make()
+
+
+@pytest.mark.parametrize(("moe", "mla"), [("deepseek", "mla"), ("qwen2", "none")])
+def test_verify_passes_on_moe_models(moe, mla):
+    report = tfm.verify(randomised(config(moe, mla, "interleaved" if mla != "none" else "half")), untrained=False,
+                        flop_budget=3e7)  # fmt: skip
+    assert report.ok, report.table()
+
+
+@torch.no_grad()
+def test_record_attention_sees_latent_attention_heads():
+    model = randomised(config("softmax", "mla"))
+    ids = torch.randint(0, 64, (2, 7))
+    with tfm.analysis.record_attention(model) as rec:
+        model(ids)
+    assert len(rec.captures) == 3 and rec.captures[0].weights.shape == (2, 4, 7, 7)
+    torch.testing.assert_close(rec.captures[0].weights.sum(-1), torch.ones(2, 4, 7))
+
+
+@torch.no_grad()
+def test_int8_mla_keeps_kv_up_dense_and_cached_equals_uncached():
+    from torchformer.nn.linear import Linear
+
+    model = tfm.quantize(randomised(config("deepseek", "mla", "interleaved")), "int8")
+    assert all(isinstance(b.attn.kv_up, Linear) for b in model.stack.blocks)  # absorbed decode reads its weight
+    ids = torch.randint(0, 64, (2, 10))
+    full = model(ids)
+    cache = model.new_cache(2, 16)
+    steps = [model(ids[:, :6], positions=torch.arange(6), cache=cache)]
+    steps += [model(ids[:, t : t + 1], positions=torch.tensor([t]), cache=cache) for t in range(6, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)

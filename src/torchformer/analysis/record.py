@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..nn.attention import Attention
 from ..nn.backends import math_attention
+from ..nn.latent_attention import LatentAttention
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, str, int, str, Attent
     """(name, stack, layer, kind, module) for every Attention in ``model``, in module order."""
     found = []
     for name, module in model.named_modules():
-        if isinstance(module, Attention):
+        if isinstance(module, Attention | LatentAttention):  # MLA: recorded on its expanded (uncached) path
             parts = name.split(".")
             i = parts.index("blocks") if "blocks" in parts else None
             stack = parts[i - 1] if i else (parts[0] if parts[0] else "model")

@@ -45,6 +45,7 @@ def targets(model: nn.Module, lm_head: bool) -> list[tuple[str, nn.Linear]]:
         (name, m)
         for name, m in model.named_modules()
         if isinstance(m, nn.Linear) and (name.startswith(stacks) or (lm_head and name == "lm_head"))
+        and not name.endswith(".attn.kv_up")  # MLA's absorbed decode multiplies by this weight itself
     ]
 
 

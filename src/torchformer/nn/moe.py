@@ -105,14 +105,17 @@ class Experts(nn.Module):
         token = order // k  # (N * k,) the token of each sorted pair
         counts = torch.bincount(flat, minlength=self.gate.shape[0]).tolist()  # pairs per expert
         xs = x[token]  # (N * k, D) tokens in expert order
-        outs = [self.expert(xs_e, e) for e, xs_e in enumerate(xs.split(counts)) if counts[e]]
+        # unbind, not gate[e]: one backward node stacks the E gradients, where E selects would each
+        # fill a zero (E, F, D) gradient (measured: 19% of an MoE layer's fwd+bwd time).
+        per_expert = zip(xs.split(counts), self.gate.unbind(0), self.up.unbind(0), self.down.unbind(0), strict=True)
+        outs = [self.expert(*w) for w in per_expert if w[0].shape[0]]
         y = torch.cat(outs) * weights.flatten()[order, None].to(x.dtype)  # (N * k, D)
         return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
 
-    def expert(self, x: Tensor, e: int) -> Tensor:
-        """Expert e on its tokens x (n, D) -> (n, D)."""
-        h = self.act(x @ self.gate[e].T) * (x @ self.up[e].T)  # (n, F)
-        return h @ self.down[e].T
+    def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
+        """One expert on its tokens x (n, D) -> (n, D)."""
+        h = self.act(x @ gate.T) * (x @ up.T)  # (n, F)
+        return h @ down.T
 
 
 class SharedExperts(nn.Module):

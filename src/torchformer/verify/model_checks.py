@@ -8,6 +8,7 @@ import torch
 
 from ..config import ALiBi, RelativeBias, RoPE
 from ..nn.backends import math_attention, sdpa_attention
+from ..nn.moe import MoEMLP
 from .probes import PAD, Runner, backends_set_to, rel_diff
 from .report import Row, judged, not_applicable
 
@@ -20,9 +21,13 @@ def causality(r: Runner) -> Row:
     if r.arch == "encoder":
         return bidirectional(r)
     ids = r.ids(2, r.T)
-    worst, where = 0.0, ""
+    worst, where, scale = 0.0, "", 0.0
+    # MoE: changing a token re-routes it, so the other tokens' expert matmuls run over different row
+    # counts and may differ in the last bits; a real leak of future keys is orders larger.
+    moe = any(isinstance(m, MoEMLP) for m in r.model.modules())
     for mask in (None, torch.ones_like(ids)):
         base = r.out(ids, mask)
+        scale = max(scale, float(base.abs().max()))
         for t in sorted({1, r.T // 2, r.T - 1}):
             changed = ids.clone()
             changed[:, t] = (changed[:, t] + 1) % r.cfg.vocab_size
@@ -35,8 +40,8 @@ def causality(r: Runner) -> Row:
     return judged(
         "causality",
         worst,
-        worst == 0.0,
-        "== 0 exactly",
+        worst <= (1e-5 * scale if moe else 0.0),
+        "<= 1e-5 x max|out| (MoE)" if moe else "== 0 exactly",
         "future tokens never change earlier outputs",
         f"{where}: queries see future keys (causal mask diagonal off by one?)",
     )
