@@ -33,8 +33,11 @@ def params_by_formula(cfg: tfm.ModelConfig) -> int:
     attn = 2 * d * h * e + 2 * d * kv * e + (h * e + 2 * kv * e if ab else 0) + (d if ob else 0)
     n_mats = 3 if cfg.block.mlp in GATED else 2
     mlp = n_mats * d * ff + ((n_mats - 1) * ff + d if mb else 0)
-    layer = attn + mlp + 2 * norm
+    qk_norm = {None: 0, "head": 2 * e, "width": (h + kv) * e}[cfg.attention.qk_norm]  # Qwen3/Gemma 3, OLMo 2
+    layer = attn + qk_norm + mlp + (4 if cfg.block.norm_placement == "sandwich" else 2) * norm  # Gemma 2/3: 4
     pos = (cfg.max_seq_len + cfg.positions.offset) * d if isinstance(cfg.positions, Learned) else 0
+    if isinstance(cfg.positions, tfm.RelativeBias):  # one (buckets, heads) table per stack (T5)
+        pos = cfg.positions.num_buckets * h
     embed = v * d + pos + cfg.n_token_types * d + (norm if cfg.embed_norm else 0)
     final = norm if cfg.has_final_norm else 0
     head = (0 if cfg.tie_embeddings else v * d) + (v if cfg.final_logits_bias else 0)
