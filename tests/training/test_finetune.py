@@ -205,3 +205,12 @@ def test_packaged_lora_recipe_loads(plays):
     assert r.finetune.lora.rank == 8 and r.model["init"] == str(root / "base")
     with pytest.raises(ValueError, match="model.init='runs/nowhere'"):
         recipes.load("lora-shakespeare", ["model.init=runs/nowhere"])
+
+
+def test_preset_init_builds_from_scratch(tmp_path, corpus):
+    r = finetune_recipe(
+        tmp_path / "p", corpus, "llama-tiny", model={"max_seq_len": 32}, lora=LORA, train={"steps": 2, "eval_every": 2}
+    )
+    result = train(r)
+    assert result.model.config.d_model == tfm.presets.get("llama-tiny").d_model
+    assert result.model.config.max_seq_len == 32 and tfm.lora.adapters(result.model)

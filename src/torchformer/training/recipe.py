@@ -153,7 +153,8 @@ class Recipe:
     def model_config(self, vocab_size: int, special: dict[str, int]) -> ModelConfig:
         """The preset with the recipe's changes, vocab_size from the tokenizer and the special ids."""
         spec = dict(self.model)
-        base = presets.get(spec.pop("preset", "shakespeare-char")).to_dict()
+        name = spec.pop("init", None) or spec.pop("preset", "shakespeare-char")  # model.init may name a preset
+        base = presets.get(name).to_dict()
         merged = _deep_merge(base, spec, "model")
         merged["vocab_size"] = vocab_size
         if self.data.task != "seq2seq":  # the model must take a whole training window
