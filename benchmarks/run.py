@@ -6,7 +6,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["benchmarks.decode", "benchmarks.train_step", "benchmarks.serve", "benchmarks.attention"]
+BENCHMARKS = [
+    "benchmarks.decode",
+    "benchmarks.train_step",
+    "benchmarks.serve",
+    "benchmarks.attention",
+    "benchmarks.finetune",
+]
 
 
 def main() -> int:

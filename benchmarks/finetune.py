@@ -1,0 +1,166 @@
+"""Fine-tuning memory and speed (issue 16): LoRA (rank 8 on q_proj and v_proj) against full
+fine-tuning of the same ~34M-parameter decoder, one training step loop each.
+
+The model: Llama-shaped (8 layers, d_model 512, 8 heads, SwiGLU d_ff 1376, vocab 8192, untied,
+fp32), batches of 1 and 2 x 256 tokens, AdamW (fused), the training objective of train.py. Each system runs
+in its own fresh process (so one's freed memory cannot hide the other's peak), the processes are
+interleaved over ``--rounds`` rounds, and the table reports the best tokens/s and the lowest
+peak memory. Peak memory is the process's peak resident set (ru_maxrss) minus its resident set
+just before the model is built: weights, gradients, optimizer state and activations, without
+the interpreter and torch itself. What LoRA saves: the gradients and two Adam moments of every
+frozen weight (3 x 4 bytes per parameter) and the weight-gradient matrix products of the
+backward pass; what it keeps: the weights and the activations.
+
+    python -m benchmarks.finetune                     # rewrites its RESULTS.md section
+    python -m benchmarks.finetune --steps 3 --rounds 1 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+SHAPE = dict(vocab_size=8192, d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256)
+SYSTEMS = ("full", "lora")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def model_config():
+    import torchformer as tfm
+
+    cfg = tfm.presets.get("llama-tiny")
+    return cfg.replace(
+        vocab_size=SHAPE["vocab_size"],
+        d_model=SHAPE["d_model"],
+        n_layers=SHAPE["n_layers"],
+        max_seq_len=SHAPE["seq_len"],
+        tie_embeddings=False,
+        attention=cfg.attention.__class__(n_heads=SHAPE["n_heads"], n_kv_heads=SHAPE["n_heads"]),
+        block=cfg.block.__class__(norm="rmsnorm", mlp="swiglu", d_ff=SHAPE["d_ff"]),
+    )
+
+
+def child(system: str, steps: int, threads: int, batch: int) -> dict:
+    """One system in this process: warm-up step, then ``steps`` timed steps."""
+    import torchformer as tfm
+    from torchformer.training.losses import CausalLM
+    from torchformer.training.optim import adamw
+
+    torch.set_num_threads(threads)
+    before = rss_bytes()
+    torch.manual_seed(0)
+    model = tfm.build_model(model_config())
+    if system == "lora":
+        tfm.lora.apply(model, rank=8, alpha=16, targets=("q_proj", "v_proj"))
+    objective = CausalLM(model).train()
+    optimizer = adamw(model, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, device_type="cpu")
+    g = torch.Generator().manual_seed(1)
+    B, T = batch, SHAPE["seq_len"]
+    times = []
+    for i in range(steps + 1):
+        window = torch.randint(0, SHAPE["vocab_size"], (B, T + 1), generator=g)
+        t0 = time.perf_counter()
+        loss = objective({"ids": window[:, :-1], "labels": window[:, 1:]}) / (B * T)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i:  # step 0 warms up
+            times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return {
+        "system": system,
+        "tok_s": B * T / min(times),
+        "peak_mb": peak / 2**20,
+        "trainable": trainable,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def measure(args) -> dict[tuple[int, str], dict]:
+    best: dict[tuple[int, str], dict] = {}
+    for _ in range(args.rounds):
+        for batch in args.batch_sizes:
+            for system in SYSTEMS:  # interleaved: a load change hits both systems alike
+                flags = ["--child", system, "--steps", str(args.steps), "--threads", str(args.threads)]
+                cmd = [sys.executable, "-m", "benchmarks.finetune", *flags, "--batch-sizes", str(batch)]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                row, old = json.loads(out.splitlines()[-1]), best.get((batch, system))
+                if old is not None:  # best speed and lowest peak over the rounds
+                    row = {
+                        **row,
+                        "tok_s": max(old["tok_s"], row["tok_s"]),
+                        "peak_mb": min(old["peak_mb"], row["peak_mb"]),
+                    }
+                best[batch, system] = row
+    return best
+
+
+def table(best: dict[tuple[int, str], dict]) -> str:
+    lines = [
+        "| batch x 256 | system | trainable params | tokens/s | vs full | peak memory (MB) | vs full |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    verdicts = []
+    for batch in sorted({b for b, _ in best}):
+        full, lora = best[batch, "full"], best[batch, "lora"]
+        for r, label in ((full, "full fine-tuning"), (lora, "LoRA r8 q,v")):
+            lines.append(
+                f"| {batch} | {label} | {r['trainable']:,} of {r['params']:,} | {r['tok_s']:.0f} | "
+                f"{r['tok_s'] / full['tok_s']:.2f}x | {r['peak_mb']:.0f} | {r['peak_mb'] / full['peak_mb']:.2f}x |"
+            )
+        mem, speed = lora["peak_mb"] / full["peak_mb"], lora["tok_s"] / full["tok_s"]
+        verdicts.append(
+            f"batch {batch}: memory {mem:.2f}x ({'met' if mem <= 0.5 else 'missed'}), "
+            f"tokens/s {speed:.2f}x ({'met' if speed >= 1.2 else 'missed'})"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\nTargets (issue 16: LoRA peak memory <= 0.5x full, tokens/s >= 1.2x): "
+        + "; ".join(verdicts)
+        + "."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.finetune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=3, help="timed steps per process (after one warm-up step)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch-sizes", type=lambda v: [int(x) for x in v.split(",")], default=[1, 2])
+    p.add_argument("--child", choices=SYSTEMS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-write", dest="write", action="store_false", help="do not update RESULTS.md")
+    args = p.parse_args([] if argv is None else argv)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.steps, args.threads, args.batch_sizes[0])))
+        return 0
+    load = os.getloadavg()
+    text = table(measure(args))
+    print(text)
+    if args.write:
+        from benchmarks.results import write_section
+
+        command = ("python -m benchmarks.finetune " + " ".join(argv or [])).strip()
+        write_section(
+            "finetune",
+            "Fine-tuning: LoRA vs full (issue 16)",
+            command,
+            "load average before the run " + ", ".join(f"{x:.1f}" for x in load),
+            text,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
