@@ -239,3 +239,13 @@ def test_bad_layer_kind_fields_and_encoder_windows():
         cfg(arch="encoder", layer_kinds=("a",) * 4, kinds={"a": LayerKind(sliding_window=4)})
     with pytest.raises(ValueError, match=r"pattern=\(\): must be a non-empty sequence"):
         layer_pattern((), 4)
+
+
+@torch.no_grad()
+def test_quantize_keeps_a_soft_capped_head_float():
+    """tfm.quantize replaces the plain projections; a head with a soft-cap or scale keeps its formula."""
+    m = model(cfg(final_softcap=0.5, head_scale=0.5))
+    ids = torch.randint(0, V, (2, 7))
+    q = tfm.quantize(model(cfg(final_softcap=0.5, head_scale=0.5)), "int8")
+    assert type(q.lm_head) is type(m.lm_head) and q(ids).abs().max() <= 0.5
+    assert (q(ids) - m(ids)).abs().max() < 0.05  # only the int8 block projections differ

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
+from ..nn.head import LMHead
 from ..nn.quant import QuantLinear
 from .build import QUANT_LINEARS
 
@@ -46,6 +47,7 @@ def targets(model: nn.Module, lm_head: bool) -> list[tuple[str, nn.Linear]]:
         for name, m in model.named_modules()
         if isinstance(m, nn.Linear) and (name.startswith(stacks) or (lm_head and name == "lm_head"))
         and not name.endswith(".attn.kv_up")  # MLA's absorbed decode multiplies by this weight itself
+        and type(m) is not LMHead  # a soft-capped / scaled head (Gemma 2, T5) stays float: it keeps its formula
     ]
 
 
