@@ -210,3 +210,16 @@ def family_config(name: str, folder):
     config, _ = SPECS[name]()
     config.save_pretrained(folder)
     return folder
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_cli_generate_and_plan_on_the_hf_folder(family, name, capsys):
+    import torchformer as tfm
+    from torchformer.cli.main import main
+
+    folder, _ = family(name)
+    assert main(["generate", str(folder), "--ids", "5,6,7", "--max-new-tokens", "6"]) == 0
+    printed = [int(t) for t in capsys.readouterr().out.strip().split(",")]
+    assert printed == tfm.generate(from_hf(folder), torch.tensor([[5, 6, 7]]), max_new_tokens=6)[0].tolist()
+    assert main(["plan", str(folder)]) == 0
+    assert str(tfm.count_params(config_from_hf(folder))) in capsys.readouterr().out.replace(",", "")
