@@ -38,14 +38,14 @@ def tile_scores(pattern: Pattern, q_t: Tensor, k: Tensor, q0: int, k0: int, k1: 
     b, h = torch.arange(B, device=dev).view(-1, 1, 1, 1), torch.arange(K * G, device=dev).view(1, -1, 1, 1)
     qi = torch.arange(q0, q0 + t, device=dev).view(1, 1, -1, 1)
     kv = torch.arange(k0, k1, device=dev).view(1, 1, 1, -1)
-    s = (q_t @ k[:, :, None, k0:k1].transpose(-1, -2)).view(B, K * G, t, k1 - k0) * scale
+    s = (q_t * scale @ k[:, :, None, k0:k1].transpose(-1, -2)).view(B, K * G, t, k1 - k0)  # scale on the small side
     capped = None if softcap is None else torch.tanh(s / softcap)
     if capped is not None:
-        s = softcap * capped  # Gemma 2's soft-cap, as in the forward
+        s = capped * softcap  # Gemma 2's soft-cap, as in the forward
     with torch.enable_grad():
         bias = None if pattern.bias is None else pattern.bias(b, h, qi, kv).expand_as(s)
     if bias is not None:
-        s = s + bias.detach()
+        s.add_(bias.detach())
     mask = None if pattern.mask is None else pattern.mask(b, h[:, :1], qi, kv)
     return Tile(s, capped, bias, mask)
 
@@ -53,9 +53,9 @@ def tile_scores(pattern: Pattern, q_t: Tensor, k: Tensor, q0: int, k0: int, k1: 
 def probabilities(tile: Tile) -> Tensor:
     """softmax over the visible keys of the tile (the full row: the tile spans every visible
     key); rows with no visible key give zeros. (B, H, t, s), computed in place where possible."""
-    s = tile.s if tile.mask is None else tile.s.masked_fill(~tile.mask, float("-inf"))
+    s = tile.s if tile.mask is None else tile.s.masked_fill_(~tile.mask, float("-inf"))
     peak = s.amax(-1, keepdim=True).clamp(min=torch.finfo(s.dtype).min)  # -inf rows -> finite
-    e = (s - peak).exp_() if s is tile.s else s.sub_(peak).exp_()
+    e = s.sub_(peak).exp_()  # in the tile's own memory: the scores are not needed again
     return e.div_(e.sum(-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny))
 
 
@@ -93,8 +93,8 @@ def tiled_backward(q, k, v, out, dout, pattern: Pattern, spans, block: int, scal
                 acc += 0.0 if g is None else g
         if tile.capped is not None:
             ds.mul_(1.0 - tile.capped * tile.capped)
-        dsg = ds.mul_(scale).view(B, K, G, q1 - q0, k1 - k0)
-        dq[:, :, q0:q1] = (dsg @ kf[:, :, None, k0:k1]).view(B, H, q1 - q0, E)
-        dk[:, :, k0:k1] += (dsg.transpose(-1, -2) @ q_t).sum(2)
+        dsg = ds.view(B, K, G, q1 - q0, k1 - k0)  # the score scale goes on the small products
+        dq[:, :, q0:q1] = (dsg @ kf[:, :, None, k0:k1]).view(B, H, q1 - q0, E) * scale
+        dk[:, :, k0:k1] += (dsg.transpose(-1, -2) @ q_t).sum(2) * scale
     grads = [dparam.to(p.dtype) for dparam, p in zip(dparams, params)]
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), grads
