@@ -20,7 +20,13 @@ from typing import Any
 
 from ..config import AttentionConfig, BlockConfig, LatentAttention, ModelConfig, MoE, RoPE, YaRN
 from .hf_config import common_out, token_ids, unsupported
-from .hf_mixtral import expert_rules, model_rules, n_experts_of
+from .hf_mixtral import (  # noqa: F401  (aliases: this family's, re-exported)
+    aliases,
+    expert_rules,
+    generation_fields,
+    model_rules,
+    n_experts_of,
+)
 from .hf_qwen3_moe import EXPERT_NAMES, dense_layers, mlp_kinds
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
@@ -156,12 +162,7 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
         num_nextn_predict_layers=0,
         **rope_to_hf(cfg),
     )
-    generation = {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    return out, generation
-
-
-def aliases(cfg: ModelConfig) -> dict[str, str]:
-    return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
+    return out, generation_fields(out)
 
 
 def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:

@@ -173,12 +173,17 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
         num_experts_per_tok=cfg.moe.top_k,
         **rope_to_hf(cfg),
     )
-    generation = {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    return out, generation
+    return out, generation_fields(out)
 
 
 def aliases(cfg: ModelConfig) -> dict[str, str]:
+    """Tensors a checkpoint may carry as copies of another (a tied head saved twice)."""
     return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
+
+
+def generation_fields(out: dict[str, Any]) -> dict[str, Any]:
+    """generation_config.json: the token ids of config.json."""
+    return {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
 def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:

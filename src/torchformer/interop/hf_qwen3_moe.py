@@ -14,7 +14,16 @@ from typing import Any
 from ..config import AttentionConfig, BlockConfig, LayerKind, ModelConfig, MoE
 from ..layer_configs import resolve_kinds
 from .hf_config import common_out, token_ids, unsupported
-from .hf_mixtral import attention_rules, expert_rules, head_dim_of, llama_layout_unfit, model_rules, n_experts_of
+from .hf_mixtral import (  # noqa: F401  (aliases: this family's, re-exported)
+    aliases,
+    attention_rules,
+    expert_rules,
+    generation_fields,
+    head_dim_of,
+    llama_layout_unfit,
+    model_rules,
+    n_experts_of,
+)
 from .hf_rope import rope_from_hf, rope_to_hf
 from .keymap import KeyMap, renamed, rule
 from .transforms import half_to_interleaved, interleaved_to_half
@@ -142,12 +151,7 @@ def config_to_hf(cfg: ModelConfig, dtype: str) -> tuple[dict[str, Any], dict[str
         out.update(qkv_bias=a.bias, shared_expert_intermediate_size=m.shared_width(cfg.d_ff))
     else:
         out.update(attention_bias=a.bias)
-    generation = {k: v for k, v in out.items() if k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-    return out, generation
-
-
-def aliases(cfg: ModelConfig) -> dict[str, str]:
-    return {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
+    return out, generation_fields(out)
 
 
 def keymap(cfg: ModelConfig, hf_names: list[str] | None = None) -> KeyMap:
