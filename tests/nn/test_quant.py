@@ -16,11 +16,12 @@ def reference_weight(q) -> torch.Tensor:
     """Dequantise from the stored bytes, written independently of the module's own code."""
     if isinstance(q, Int8Linear):
         return q.qweight.to(torch.float64) * q.scale.to(torch.float64)[:, None]
-    N, K = q.out_features, q.in_features
-    w = torch.empty(N, K, dtype=torch.float64)
-    w[:, 0::2] = (q.qweight.long() % 16 - 8).double()  # low nibble: even inputs
-    w[:, 1::2] = (q.qweight.long() // 16 - 8).double()  # high nibble: odd inputs
-    return w * q.scale.double().repeat_interleave(q.group_size, dim=1)
+    N, K, G = q.out_features, q.in_features, q.group_size
+    w = torch.empty(N, K // G, G, dtype=torch.float64)
+    byte = q.qweight.long().view(N, K // G, G // 2)
+    w[:, :, : G // 2] = (byte % 16 - 8).double()  # low nibble: the group's first half
+    w[:, :, G // 2 :] = (byte // 16 - 8).double()  # high nibble: its second half
+    return w.view(N, K) * q.scale.double().repeat_interleave(G, dim=1)
 
 
 def quantized(kind: str, lin: torch.nn.Linear):

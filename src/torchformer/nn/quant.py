@@ -3,7 +3,10 @@
 Legend: N out features, K in features, G group size, rows = the product of x's leading dims.
 Both are symmetric (zero maps to zero, no zero point): int8 q = round(w / s), s = max|w_row| / 127,
 q in [-127, 127]; int4 q = round(w / s), s = max|w_group| / 7, q in [-7, 7], stored + 8 as a nibble,
-two per byte (even k in the low nibble). The weight is q * s; activations stay in their dtype.
+two per byte: byte j of a group holds input j of the group (low nibble) and input j + G/2 (high
+nibble), so each nibble plane meets a contiguous half of the group's inputs. (Measured: even/odd
+nibbles, which meet strided inputs, made inductor's loop ~10x slower.) The weight is q * s;
+activations stay in their dtype.
 
 Decoding reads every weight once per token, so bytes are speed (FACTS.md: ~480 tok/s for int8
 against ~230 for fp32, compiled). Compiled, the few-row product is nn.linear's multiply + sum
@@ -45,6 +48,10 @@ class QuantLinear(nn.Module):
     def dequantized(self) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def rows_product(self, x2: Tensor) -> Tensor:
+        """Compiled few-row product x2 (rows, K) -> (rows, N), dequantising inside the reduction."""
+        return rowwise_product(x2, self.dequantized())
+
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise ValueError(
@@ -53,7 +60,7 @@ class QuantLinear(nn.Module):
             )
         rows = x.numel() // max(1, x.shape[-1])
         if torch.compiler.is_compiling() and 1 <= rows <= COMPILED_ROWS:  # trace-time choice, as in nn.linear
-            out = rowwise_product(x.reshape(rows, -1), self.dequantized()).to(x.dtype)  # (rows, N)
+            out = self.rows_product(x.reshape(rows, -1).float()).to(x.dtype)  # (rows, N)
             out = out if self.bias is None else out + self.bias.to(x.dtype)
             return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
@@ -102,13 +109,32 @@ class Int4Linear(QuantLinear):
         groups = lin.weight.float().reshape(N, K // group_size, group_size)  # (N, K/G, G)
         scale = symmetric_scale(groups, INT4_MAX)  # (N, K/G)
         q = torch.round(groups / scale[..., None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16)
-        nibbles = (q + 8).to(torch.uint8).reshape(N, K // 2, 2)  # (N, K/2, 2): pairs (even k, odd k)
-        return cls(nibbles[..., 0] | (nibbles[..., 1] << 4), scale, lin.bias, group_size)
+        halves = (q + 8).to(torch.uint8).reshape(N, K // group_size, 2, group_size // 2)  # (N, K/G, 2, G/2)
+        packed = halves[:, :, 0] | (halves[:, :, 1] << 4)  # (N, K/G, G/2)
+        return cls(packed.reshape(N, K // 2), scale, lin.bias, group_size)
+
+    def nibbles(self) -> tuple[Tensor, Tensor]:
+        """The signed values of each group's first and second half: (N, K/G, G/2) float each."""
+        N, K, G = self.out_features, self.in_features, self.group_size
+        packed = self.qweight.view(N, K // G, G // 2)
+        return (packed & 0xF).float() - 8, (packed >> 4).float() - 8
 
     def unpacked(self) -> Tensor:
         """The signed int4 values (N, K) as int16."""
-        low, high = self.qweight & 0xF, self.qweight >> 4  # (N, K/2) each
-        return torch.stack([low, high], dim=-1).reshape(self.out_features, self.in_features).to(torch.int16) - 8
+        low, high = self.nibbles()
+        return torch.stack([low, high], dim=2).reshape(self.out_features, self.in_features).to(torch.int16)
+
+    def rows_product(self, x2: Tensor) -> Tensor:
+        """Per row: sum over each group's two halves against the nibble planes, times the group's
+        scale, summed over groups (the scale leaves the inner loop; one fused loop per row)."""
+        K, G = self.in_features, self.group_size
+        low, high = self.nibbles()  # (N, K/G, G/2) each
+        out = []
+        for row in x2.unbind(0):
+            halves = row.view(K // G, 2, G // 2)  # (K/G, 2, G/2)
+            per_group = (low * halves[:, 0] + high * halves[:, 1]).sum(-1)  # (N, K/G)
+            out.append((per_group * self.scale).sum(-1))  # (N,)
+        return torch.stack(out, dim=0)  # (rows, N)
 
     def dequantized(self) -> Tensor:
         N, K, G = self.out_features, self.in_features, self.group_size
