@@ -37,8 +37,9 @@ class BarReporter:
 
     def step(self, info) -> None:
         self.bar.update(info["step"] - self.bar.n)
+        moe = f" balance {info['balance_loss']:.3f} z {info['z_loss']:.2f}" if "balance_loss" in info else ""
         self.bar.set_postfix_str(
-            f"loss {info['loss']:.3f} lr {info['lr']:.2e} {info['tok_s']:,.0f} tok/s MFU {100 * info['mfu']:.0f}%"
+            f"loss {info['loss']:.3f} lr {info['lr']:.2e} {info['tok_s']:,.0f} tok/s MFU {100 * info['mfu']:.0f}%{moe}"
         )
 
     def evaluate(self, row) -> None:
