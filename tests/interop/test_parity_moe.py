@@ -132,3 +132,19 @@ def test_to_hf_refuses_a_dense_model_as_mixtral(tmp_path):
 
     with pytest.raises(ValueError, match="needs moe"):
         to_hf(tfm.build_model(tfm.presets.get("llama-tiny")), tmp_path / "x", model_type="mixtral")
+
+
+def test_sparse_step_and_dense_first_read_as_layer_kinds(family):
+    from torchformer.interop import hf_deepseek, hf_qwen3_moe
+    from torchformer.layer_configs import resolve_kinds
+
+    def mlps(cfg):
+        kinds, index = resolve_kinds(cfg, cfg.n_layers)
+        return [kinds[i].mlp for i in index]
+
+    hf = json.loads((family("qwen3_moe")[0] / "config.json").read_text())
+    every_other = hf_qwen3_moe.config_from_hf(dict(hf, num_hidden_layers=4, decoder_sparse_step=2, mlp_only_layers=[]))
+    assert mlps(every_other) == ["dense", "moe", "dense", "moe"]  # (i + 1) % 2 == 0 are sparse
+    assert hf_qwen3_moe.config_to_hf(every_other, "float32")[0]["mlp_only_layers"] == [0, 2]
+    hf = json.loads((family("deepseek_v3")[0] / "config.json").read_text())
+    assert mlps(hf_deepseek.config_from_hf(dict(hf, first_k_dense_replace=2))) == ["dense", "dense", "moe"]
