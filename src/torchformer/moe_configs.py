@@ -11,7 +11,9 @@ scores, DeepSeek-V3 node-limited routing); ``renormalize`` makes the chosen weig
 (Mixtral always, Qwen3-MoE ``norm_topk_prob``); ``routed_scale`` multiplies them afterwards
 (DeepSeek-V3 routed_scaling_factor 2.5). ``n_shared`` always-on experts of total width
 ``d_shared`` (None: n_shared * d_expert, DeepSeek) are added to every token; ``shared_gate``
-multiplies them by sigmoid(w . x) (Qwen2-MoE shared_expert_gate).
+multiplies them by sigmoid(w . x) (Qwen2-MoE shared_expert_gate). ``dispatch`` "loop": one matmul
+per expert over its sorted rows (any device and dtype); "grouped": torch's grouped_mm, one call per
+projection (CPU fp32, CUDA bf16).
 
 ``LatentAttention`` (MLA, DeepSeek-V2 section 2.1): q optionally through a rank-``q_rank``
 bottleneck with its own RMSNorm; keys and values from one ``kv_rank`` latent (RMSNorm'd) plus one
@@ -28,6 +30,7 @@ from typing import Literal
 from .config_rules import _check, _check_choice, _Validated
 
 Router = Literal["softmax", "sigmoid"]
+Dispatch = Literal["loop", "grouped"]
 MlpKind = Literal["dense", "moe"]
 
 
@@ -47,6 +50,7 @@ class MoE(_Validated):
     n_shared: int = 0
     d_shared: int | None = None
     shared_gate: bool = False
+    dispatch: Dispatch = "loop"
 
     def _problems(self, p: list[str]) -> None:
         _check(p, self.n_experts >= 1, "moe.n_experts", self.n_experts, "must be >= 1")
@@ -55,6 +59,7 @@ class MoE(_Validated):
         if self.d_expert is not None:
             _check(p, self.d_expert >= 1, "moe.d_expert", self.d_expert, "must be >= 1 (or None: block.d_ff)")
         _check_choice(p, "moe.router", self.router, Router)
+        _check_choice(p, "moe.dispatch", self.dispatch, Dispatch)
         _check(p, self.n_groups >= 1, "moe.n_groups", self.n_groups, "must be >= 1")
         if self.n_groups >= 1 and self.n_experts >= 1:
             _check(p, self.n_experts % self.n_groups == 0, "moe.n_groups", self.n_groups,

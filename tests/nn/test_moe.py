@@ -20,6 +20,8 @@ from torchformer.nn.moe import (
     keep_weights,
     record_routing,
     renormalize,
+    run_grouped,
+    run_per_expert,
     sigmoid_scores,
     softmax_scores,
 )
@@ -27,8 +29,8 @@ from torchformer.nn.moe import (
 D, E, F_ = 12, 8, 16
 
 
-def experts_filled(n=E, d=D, f=F_):
-    ex = Experts(n, d, f, F.silu)
+def experts_filled(n=E, d=D, f=F_, run=None):
+    ex = Experts(n, d, f, F.silu, run)
     for p in ex.parameters():
         torch.nn.init.normal_(p, std=0.3)
     return ex
@@ -54,18 +56,22 @@ def naive_experts(ex, x, weights, experts):
     return out
 
 
-@pytest.mark.parametrize("n_tokens,top_k", [(1, 1), (7, 2), (33, 3), (64, 8)])
-def test_dispatch_equals_per_token_loop(n_tokens, top_k):
-    ex = experts_filled()
+RUNS = {"loop": run_per_expert, "grouped": run_grouped}
+
+
+@pytest.mark.parametrize(("n_tokens", "top_k", "run"), list(itertools.product([1, 7, 33, 64], [1, 2, 8], RUNS)))
+def test_dispatch_equals_per_token_loop(n_tokens, top_k, run):
+    ex = experts_filled(run=RUNS[run])
     x = torch.randn(n_tokens, D)
     experts = torch.stack([torch.randperm(E)[:top_k] for _ in range(n_tokens)])  # distinct per token
     weights = torch.rand(n_tokens, top_k)
     torch.testing.assert_close(ex(x, weights, experts), naive_experts(ex, x, weights, experts), atol=1e-5, rtol=1e-5)
 
 
-def test_dispatch_with_unused_experts_and_gradients():
+@pytest.mark.parametrize("run", list(RUNS))
+def test_dispatch_with_unused_experts_and_gradients(run):
     """Experts no token chose are skipped; gradients equal the naive loop's."""
-    ex = experts_filled()
+    ex = experts_filled(run=RUNS[run])
     x = torch.randn(10, D, requires_grad=True)
     experts = torch.randint(0, 3, (10, 1))  # only experts 0..2 used
     weights = torch.rand(10, 1)

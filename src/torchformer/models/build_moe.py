@@ -21,12 +21,15 @@ from ..nn.moe import (
     keep_top_groups,
     keep_weights,
     renormalize,
+    run_grouped,
+    run_per_expert,
     sigmoid_scores,
     softmax_scores,
 )
 
 ROUTER_SCORES = {"softmax": softmax_scores, "sigmoid": sigmoid_scores}  # moe.router -> scores
 NORMALIZERS = {True: renormalize, False: keep_weights}  # moe.renormalize -> weights
+DISPATCH = {"loop": run_per_expert, "grouped": run_grouped}  # moe.dispatch -> how experts run
 
 
 def group_limit(n_groups: int, topk_groups: int) -> Callable[[Tensor], Tensor]:
@@ -40,7 +43,7 @@ def moe_mlp(cfg: ModelConfig, act: Callable[[Tensor], Tensor]) -> MoEMLP:
     limit = group_limit(m.n_groups, m.topk_groups)
     router = Router(d, m.n_experts, m.top_k, scores=ROUTER_SCORES[m.router], limit=limit,
                     normalize=NORMALIZERS[m.renormalize], scale=m.routed_scale, score_bias=m.score_bias)  # fmt: skip
-    experts = Experts(m.n_experts, d, m.expert_width(cfg.d_ff), act)
+    experts = Experts(m.n_experts, d, m.expert_width(cfg.d_ff), act, DISPATCH[m.dispatch])
     shared = None
     if m.n_shared:
         shared = SharedExperts(GatedMLP(d, m.shared_width(cfg.d_ff), act, bias=False), d, m.shared_gate)
