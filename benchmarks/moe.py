@@ -83,9 +83,9 @@ def table(tps: dict[str, float]) -> str:
     dense, hf = tps["torchformer dense"], tps["transformers Mixtral"]
     rows = ["| system | tokens/s (fwd+bwd) | vs transformers Mixtral |", "|---|---:|---:|"]
     rows += [f"| {name} | {v:,.0f} | {v / hf:.2f}x |" for name, v in tps.items()]
-    rows += ["", f"MoE (faster dispatch) vs Mixtral: {moe / hf:.2f}x (target >= 1.0x); MoE time / dense time: {dense / moe:.2f}x "
-             f"(target <= 1.5x). Equal active parameters per token: {K} of {E} experts vs a {K * FE}-wide "
-             "SwiGLU."]  # fmt: skip
+    rows += ["", f"MoE (faster dispatch) vs Mixtral: {moe / hf:.2f}x (target >= 1.0x); MoE time / dense time: "
+             f"{dense / moe:.2f}x (target <= 1.5x). Equal active parameters per token: {K} of {E} experts vs a "
+             f"{K * FE}-wide SwiGLU."]  # fmt: skip
     return "\n".join(rows)
 
 
