@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     guess = p.add_mutually_exclusive_group()
     guess.add_argument("--draft", metavar="MODEL", help="speculative decoding with this draft (folder or preset)")
     guess.add_argument("--prompt-lookup", type=int, metavar="K", help="speculative: K tokens by prompt lookup")
-    p.add_argument("--num-draft-tokens", type=int, default=None, help="with --draft: tokens guessed per round (4)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="with --draft: tokens guessed per round (3)")
 
 
 def parse_ids(text: str) -> list[int]:

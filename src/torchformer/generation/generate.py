@@ -165,7 +165,7 @@ def generate(
     global RNG. ``compile=True`` compiles the one-token step once (prefill runs eager).
 
     Speculative decoding (``generation.speculative``, batch 1, DecoderLM): ``draft_model=small``
-    guesses ``num_draft_tokens`` (default 4) tokens per round, or ``prompt_lookup_num_tokens=k``
+    guesses ``num_draft_tokens`` (default 3) tokens per round, or ``prompt_lookup_num_tokens=k``
     copies k tokens from an earlier occurrence of the last n-gram; the target checks them in one
     forward. Greedy output equals plain greedy; sampled output follows the target's distribution.
     Rows that emit an id of ``eos_token_id`` stop and are padded (module docstring).
