@@ -12,6 +12,7 @@ BENCHMARKS = [
     "benchmarks.serve",
     "benchmarks.attention",
     "benchmarks.finetune",
+    "benchmarks.moe",
 ]
 
 

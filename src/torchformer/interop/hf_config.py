@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..config import BlockConfig, ModelConfig
 
 # HF activation names (transformers' ACT2FN keys) -> our block.mlp words.
 ACTIVATIONS = {
@@ -36,6 +36,18 @@ def biased_layernorm_rules(cfg: ModelConfig, placement: str) -> list[tuple[bool,
         (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
         (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
     ]
+
+
+def swiglu_block(hf: dict[str, Any], eps: float, **extra: Any) -> BlockConfig:
+    """The Llama-layout block most decoder families share: pre-norm RMSNorm and a SwiGLU MLP."""
+    return BlockConfig(
+        norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", eps),
+        norm_placement="pre",
+        mlp="swiglu",
+        d_ff=hf["intermediate_size"],
+        **extra,
+    )
 
 
 def unsupported(model_type: str, problems: list[str]) -> None:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import AttentionConfig, BlockConfig, LatentAttention, ModelConfig, MoE, RoPE, YaRN
-from .hf_config import common_out, token_ids, unsupported
+from ..config import AttentionConfig, LatentAttention, ModelConfig, MoE, RoPE, YaRN
+from .hf_config import common_out, swiglu_block, token_ids, unsupported
 from .hf_mixtral import (  # noqa: F401  (aliases: this family's, re-exported)
     aliases,
     expert_rules,
@@ -65,13 +65,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
         n_layers=n,
         max_seq_len=max_len,
         attention=AttentionConfig(n_heads=n_heads, bias=bias, dropout=hf.get("attention_dropout", 0.0)),
-        block=BlockConfig(
-            norm="rmsnorm",
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            norm_placement="pre",
-            mlp="swiglu",
-            d_ff=hf["intermediate_size"],
-        ),  # fmt: skip
+        block=swiglu_block(hf, 1e-6),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         moe=MoE(

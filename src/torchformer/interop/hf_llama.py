@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import AttentionConfig, BlockConfig, ModelConfig, RoPE
-from .hf_config import common_out, decoder_sizes, token_ids, unsupported
+from ..config import AttentionConfig, ModelConfig, RoPE
+from .hf_config import common_out, decoder_sizes, swiglu_block, token_ids, unsupported
 from .hf_kinds import SLIDING, kind_fields, layer_types, per_layer, windows_to_hf
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
@@ -53,14 +53,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             dropout=hf.get("attention_dropout", 0.0),
             sliding_window=kinds["window"],
         ),
-        block=BlockConfig(
-            norm="rmsnorm",
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            norm_placement="pre",
-            mlp="swiglu",
-            d_ff=hf["intermediate_size"],
-            bias=model_type == "llama" and hf.get("mlp_bias", False),
-        ),
+        block=swiglu_block(hf, 1e-6, bias=model_type == "llama" and hf.get("mlp_bias", False)),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         layer_kinds=kinds["layer_kinds"],

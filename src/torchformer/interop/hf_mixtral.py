@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import AttentionConfig, BlockConfig, ModelConfig, MoE, RoPE
-from .hf_config import common_out, token_ids, unsupported
+from ..config import AttentionConfig, ModelConfig, MoE, RoPE
+from .hf_config import common_out, swiglu_block, token_ids, unsupported
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, Rule, renamed, rule
 from .transforms import half_to_interleaved, interleaved_to_half
@@ -107,13 +107,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             dropout=hf.get("attention_dropout", 0.0),
             sliding_window=hf.get("sliding_window"),
         ),
-        block=BlockConfig(
-            norm="rmsnorm",
-            norm_eps=hf.get("rms_norm_eps", 1e-5),
-            norm_placement="pre",
-            mlp="swiglu",
-            d_ff=hf["intermediate_size"],
-        ),  # fmt: skip
+        block=swiglu_block(hf, 1e-5),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         moe=MoE(n_experts=n_experts, top_k=hf.get("num_experts_per_tok", 2), router="softmax", renormalize=True),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import AttentionConfig, BlockConfig, LongRoPE, ModelConfig, RoPE
-from .hf_config import common_out, token_ids, unsupported
+from ..config import AttentionConfig, LongRoPE, ModelConfig, RoPE
+from .hf_config import common_out, swiglu_block, token_ids, unsupported
 from .hf_rope import rope_from_hf, rope_to_hf, rope_unfit
 from .keymap import KeyMap, renamed, rule
 from .transforms import fuse_rows, split_rows
@@ -47,14 +47,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             dropout=hf.get("attention_dropout", 0.0),
             sliding_window=hf.get("sliding_window"),
         ),
-        block=BlockConfig(
-            norm="rmsnorm",
-            norm_eps=hf.get("rms_norm_eps", 1e-5),
-            norm_placement="pre",
-            mlp="swiglu",
-            d_ff=hf["intermediate_size"],
-            dropout=hf.get("resid_pdrop", 0.0),
-        ),
+        block=swiglu_block(hf, 1e-5, dropout=hf.get("resid_pdrop", 0.0)),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         dropout=hf.get("embd_pdrop", 0.0),

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import AttentionConfig, BlockConfig, LayerKind, ModelConfig, MoE
+from ..config import AttentionConfig, LayerKind, ModelConfig, MoE
 from ..layer_configs import resolve_kinds
-from .hf_config import common_out, token_ids, unsupported
+from .hf_config import common_out, swiglu_block, token_ids, unsupported
 from .hf_mixtral import (  # noqa: F401  (aliases: this family's, re-exported)
     aliases,
     attention_rules,
@@ -79,13 +79,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
             dropout=hf.get("attention_dropout", 0.0),
             qk_norm=None if qwen2 else "head",  # Qwen3: RMSNorm over each head's features before RoPE
         ),
-        block=BlockConfig(
-            norm="rmsnorm",
-            norm_eps=hf.get("rms_norm_eps", 1e-6),
-            norm_placement="pre",
-            mlp="swiglu",
-            d_ff=hf["intermediate_size"],
-        ),  # fmt: skip
+        block=swiglu_block(hf, 1e-6),
         positions=rope,
         tie_embeddings=hf.get("tie_word_embeddings", False),
         moe=MoE(
