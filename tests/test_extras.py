@@ -33,3 +33,9 @@ def test_version_flag(capsys):
     with pytest.raises(SystemExit) as done:
         main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out.strip() == f"torchformer {torchformer.__version__}"
+
+
+def test_serve_without_its_extra_names_it(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert main(["serve", "llama-tiny"]) == 2
+    assert "pip install 'torchformer[serve]'" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..extras import MissingExtra
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_kind
 
 log = logging.getLogger("torchformer.serve")
@@ -41,7 +42,7 @@ def server_modules():
         from ..serve.engine import Engine
         from ..serve.text import Texts
     except ImportError as err:
-        raise ImportError(f"serve needs the `serve` extra ({err.name}): pip install 'torchformer[serve]'") from err
+        raise MissingExtra(f"serve needs the `serve` extra ({err.name}): pip install 'torchformer[serve]'") from err
     return uvicorn, create_app, load_chat_template, Engine, Texts
 
 
