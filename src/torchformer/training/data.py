@@ -74,14 +74,7 @@ def read_text(source: str) -> tuple[str, str]:
         from .corpus import shakespeare
 
         return shakespeare()
-    path = _check_path(source)
-    if path.is_dir():
-        docs = [read_utf8(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
-    elif path.suffix == ".jsonl":
-        docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
-    else:
-        docs = [read_utf8(path)]
-    docs = [d for d in docs if d.strip()]
+    docs = [d for d in _path_documents(source, split_text=False) if d.strip()]
     if not docs:
         raise ValueError(f"data.source={source!r} holds no text: the corpus is empty")
     if len(docs) >= VAL_EVERY:
@@ -90,6 +83,18 @@ def read_text(source: str) -> tuple[str, str]:
     text = "\n".join(docs)
     cut = int(len(text) * 0.9)
     return text[:cut], text[cut:]
+
+
+def _path_documents(source: str, *, split_text: bool) -> list[str]:
+    """The documents of a path: the files of a folder, the lines of a JSONL file, or a text file
+    (whole, or split at blank lines when ``split_text``)."""
+    path = _check_path(source)
+    if path.is_dir():
+        return [read_utf8(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
+    if path.suffix == ".jsonl":
+        return [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
+    text = read_utf8(path)
+    return text.split("\n\n") if split_text else [text]
 
 
 def read_documents(source: str) -> tuple[list[str], list[str]]:
@@ -101,13 +106,7 @@ def read_documents(source: str) -> tuple[list[str], list[str]]:
 
         docs = [dialogue(text) for _, text in play_files()]
     else:
-        path = _check_path(source)
-        if path.is_dir():
-            docs = [read_utf8(f) for f in sorted(path.rglob("*")) if f.is_file() and f.name[0] != "."]
-        elif path.suffix == ".jsonl":
-            docs = [_json_field(line, ("text",), path, n) for n, line in _lines(path)]
-        else:
-            docs = read_utf8(path).split("\n\n")
+        docs = _path_documents(source, split_text=True)
     docs = [d for d in docs if d.strip()]
     if len(docs) < 2:
         raise ValueError(f"data.pack=true needs at least 2 documents in data.source={source!r}, found {len(docs)}")
