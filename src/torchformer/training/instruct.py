@@ -8,12 +8,17 @@ conversation including it, so the labels cover exactly what the model must learn
 Prompt/completion pairs use the plain format prompt + completion + EOS. Segments are tokenized
 one by one and concatenated; labels are -100 on everything but answer tokens (and the EOS that
 ends a completion), and train.py divides by the real answer-token count of the global batch.
+
+With data.pack, examples share rows instead of being padded one per row (PackedInstructBatches):
+each is one document, so attention and positions stay inside it and its loss is the loss it has
+alone; only the unfilled tail of a row is padding.
 """
 
 from __future__ import annotations
 
 import json
 import warnings
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,10 +160,12 @@ class InstructBatches:
         self.data, self.batch_size, self.seq_len, self.seed = data, batch_size, seq_len, seed
         tok = data.tokenizer
         self.pad = next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
-        cut = sum(len(ids) > seq_len + 1 for ids, _ in data.train + data.val)
-        if cut:
+        long = [labels for ids, labels in data.train + data.val if len(ids) > seq_len + 1]
+        if long:
+            lost = sum(bool((labels[1 : seq_len + 1] == IGNORE).all()) for labels in long)
             warnings.warn(
-                f"{cut} instruction examples are longer than data.seq_len + 1 = {seq_len + 1} tokens and are cut there",
+                f"{len(long)} instruction examples are longer than data.seq_len + 1 = {seq_len + 1} tokens and are "
+                f"cut there ({lost} of them keep no answer token); raise data.seq_len to keep them whole",
                 stacklevel=2,
             )
 
@@ -179,3 +186,83 @@ class InstructBatches:
         val = self.data.val
         chunks = [val[i : i + self.batch_size] for i in range(0, len(val), self.batch_size)]
         return [self.collate(c) for c in chunks[:n]]
+
+
+def shifted(example: Example, seq_len: int) -> Example:
+    """(inputs, targets) = (ids[:-1], labels[1:]) of one example, cut to seq_len: the shift is
+    made inside the example, so no target of a packed row is the first token of the next one."""
+    ids, labels = example
+    return ids[:-1][:seq_len], labels[1:][:seq_len]
+
+
+def pack(lengths: list[int], seq_len: int, order) -> list[list[int]]:
+    """Best fit, greedily in ``order``: each example goes whole into the open row with the least
+    room that still holds it, else into a new row. Returns the example indices of each row."""
+    rows: list[list[int]] = []
+    rooms: list[tuple[int, int]] = []  # (room left, row index) of the rows not yet full, sorted
+    for i in order:
+        n = lengths[i]
+        if n == 0:  # a one-token example has no (input, target) pair: nothing to learn
+            continue
+        k = bisect_left(rooms, (n, -1))
+        if k < len(rooms):
+            room, r = rooms.pop(k)
+        else:
+            room, r = seq_len, len(rows)
+            rows.append([])
+        rows[r].append(i)
+        if room - n > 0:
+            insort(rooms, (room - n, r))
+    return rows
+
+
+class PackedInstructBatches(InstructBatches):
+    """data.instruct + data.pack: rows of exactly seq_len tokens, each holding whole examples
+    (``shifted``, so an example longer than seq_len + 1 tokens is cut, as unpacked) packed best
+    fit in a seeded order, once. Each example is one document (document_ids 0, 1, ... along the
+    row): the model keeps attention inside it and restarts its positions, so its logits are those
+    it has alone. The unfilled tail is padding: pad ids, labels -100, a document id of its own.
+    Rows are served in a fresh seeded order each epoch; the j-th row of step s is row s * B + j of
+    that stream of epochs, a pure function of (seed, step) that shows every row once per epoch."""
+
+    def __init__(self, data: InstructData, *, batch_size: int, seq_len: int, seed: int) -> None:
+        super().__init__(data, batch_size=batch_size, seq_len=seq_len, seed=seed)
+        self.train_pairs = [shifted(e, seq_len) for e in data.train]
+        self.val_pairs = [shifted(e, seq_len) for e in data.val]
+        order = torch.randperm(len(data.train), generator=generator(seed, 0, 4)).tolist()
+        self.train_rows = pack([len(x) for x, _ in self.train_pairs], seq_len, order)
+        self.val_rows = pack([len(x) for x, _ in self.val_pairs], seq_len, range(len(data.val)))
+        if not self.train_rows or not self.val_rows:
+            raise ValueError("instruction data: no example has two tokens or more (nothing to learn from)")
+        self._order: tuple[int, list[int]] = (-1, [])
+
+    def collate_rows(self, pairs: list[Example], rows: list[list[int]]) -> Batch:
+        B, T = len(rows), self.seq_len
+        ids = np.full((B, T), self.pad, dtype=np.int64)  # (B, T)
+        labels = np.full((B, T), IGNORE, dtype=np.int64)  # (B, T)
+        docs = np.empty((B, T), dtype=np.int64)  # (B, T)
+        for b, row in enumerate(rows):
+            at = 0
+            for d, i in enumerate(row):
+                x, y = pairs[i]
+                ids[b, at : at + len(x)], labels[b, at : at + len(x)], docs[b, at : at + len(x)] = x, y, d
+                at += len(x)
+            docs[b, at:] = len(row)  # the padding tail: a document of its own that nothing attends to
+        out = {"ids": ids, "labels": labels, "document_ids": docs}
+        return {k: torch.from_numpy(v) for k, v in out.items()}
+
+    def epoch_order(self, epoch: int) -> list[int]:
+        if self._order[0] != epoch:  # a batch reads one epoch's order, two where it straddles them
+            perm = torch.randperm(len(self.train_rows), generator=generator(self.seed, epoch, 3))
+            self._order = (epoch, perm.tolist())
+        return self._order[1]
+
+    def batch(self, step: int) -> Batch:
+        n = len(self.train_rows)
+        where = [divmod(r, n) for r in range(step * self.batch_size, (step + 1) * self.batch_size)]
+        return self.collate_rows(self.train_pairs, [self.train_rows[self.epoch_order(e)[k]] for e, k in where])
+
+    def eval_batches(self, n: int) -> list[Batch]:
+        rows = self.val_rows
+        chunks = [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
+        return [self.collate_rows(self.val_pairs, c) for c in chunks[:n]]

@@ -43,7 +43,7 @@ class Data:
     seq_len: int = 64
     mlm_probability: float = 0.15
     synthetic: dict = field(default_factory=dict)  # source "reverse": keys of SYNTHETIC_DEFAULTS
-    pack: bool = False  # lm: windows packed from whole documents, attention kept inside each
+    pack: bool = False  # lm: windows packed from whole documents (instruct: whole examples), attention kept inside each
     instruct: bool = False  # lm: JSONL of {"messages": [...]} or {"prompt", "completion"}; loss on answers only
     chat_template: str | None = None  # instruct: a jinja2 file (default: model.init's template, else plain)
     eval_file: str | None = None  # a text file scored at the end: strided perplexity, bits per byte
@@ -255,8 +255,8 @@ def check(recipe: Recipe) -> None:
             problems.append(f"train.{name}={getattr(t, name)}: must be >= 0")
     if d.seq_len < 1:
         problems.append(f"data.seq_len={d.seq_len}: must be >= 1")
-    if d.instruct and (d.task != "lm" or d.pack):
-        problems.append(f"data.instruct=true: needs data.task 'lm' and data.pack false (got {d.task!r}, {d.pack})")
+    if d.instruct and d.task != "lm":
+        problems.append(f"data.instruct=true: needs data.task 'lm' (got {d.task!r})")
     if d.eval_file is not None and not Path(d.eval_file).is_file():
         problems.append(f"data.eval_file={d.eval_file!r}: no such file (a UTF-8 text file to score at the end)")
     if problems:

@@ -208,8 +208,9 @@ def special_ids(tok, task: str) -> dict[str, int]:
 
 def make_batches(recipe: Recipe, data):
     t, d = recipe.train, recipe.data
-    if isinstance(data, instruct.InstructData):
-        return instruct.InstructBatches(data, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
+    if isinstance(data, instruct.InstructData):  # data.pack: examples share rows as documents
+        kind = instruct.PackedInstructBatches if d.pack else instruct.InstructBatches
+        return kind(data, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
     if isinstance(data, PairData):
         tok = data.tokenizer
         return PairBatches(data.train, data.val, batch_size=t.batch_size, seed=t.seed, pad=tok.pad_id,
