@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu | cuda | mps | auto (sets train.device)")
     p.add_argument("--resume", default=None, help="'auto' (latest checkpoint in the run folder) or a checkpoint folder")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.n_layers=4 optim.lr=3e-4 train.steps=200")
+    # Not an option: accepted only to explain why (generate / serve / convert take --quantize).
+    p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
 
 
 class BarReporter:
@@ -70,6 +72,12 @@ def run(args: argparse.Namespace) -> int:
     """
     from ..training.train import NonFiniteLoss, train
 
+    if args.quantize is not None:
+        raise ValueError(
+            f"--quantize {args.quantize}: weight-only quantized weights cannot be trained; train the float "
+            "model and quantize it afterwards (generate / serve / convert --quantize), or fine-tune a "
+            "quantized checkpoint with LoRA (model.init=CKPT plus finetune.lora)"
+        )
     overrides = list(args.overrides)
     for flag, key in ((args.data, "data.source"), (args.out, "train.out_dir"), (args.device, "train.device")):
         if flag is not None:

@@ -169,6 +169,11 @@ def speculative_k(model, req: Request, s: Sampling, draft_model, num_draft_token
         )
     if prompt_lookup_num_tokens is not None:
         check_int("prompt_lookup_num_tokens", prompt_lookup_num_tokens, 1, "must be None or an integer >= 1")
+        if num_draft_tokens is not None:
+            raise ValueError(
+                f"num_draft_tokens={num_draft_tokens!r} sizes a draft model's guesses; prompt lookup's count "
+                f"is prompt_lookup_num_tokens={prompt_lookup_num_tokens}: leave num_draft_tokens None"
+            )
         return prompt_lookup_num_tokens
     k = DEFAULT_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens
     check_int("num_draft_tokens", k, 1, "must be None or an integer >= 1")
@@ -178,6 +183,12 @@ def speculative_k(model, req: Request, s: Sampling, draft_model, num_draft_token
         raise ValueError(
             f"draft_model has vocab_size={draft_model.config.vocab_size} but the target has "
             f"vocab_size={model.config.vocab_size}; they must share one vocabulary"
+        )
+    draft_device = next(draft_model.parameters()).device
+    if draft_device != req.input_ids.device:
+        raise ValueError(
+            f"draft_model is on {draft_device} but input_ids (and the target) are on {req.input_ids.device}: "
+            "move the draft to the same device"
         )
     if draft_model.config.max_seq_len < req.input_ids.shape[1]:
         raise ValueError(

@@ -28,6 +28,7 @@ from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
 from ..models.build import build_model
 from ..models.saving import materialize, unique_state
+from ..nn.quant import QuantLinear
 from . import (
     hf_bart,
     hf_bert,
@@ -191,6 +192,7 @@ def to_hf(
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"to_hf needs a torchformer model (built by build_model), got {type(model).__name__}")
+    check_unquantized(model)
     model_type = pick_model_type(cfg, model_type)
     family = FAMILIES[model_type]
     state = family.keymap(cfg).to_theirs(unique_state(model))
@@ -204,6 +206,19 @@ def to_hf(
         files["tokenizer.json"] = tokenizer
     tensors = {name: t.detach().contiguous() for name, t in state.tensors.items()}
     return write_folder(out_dir, tensors={"model.safetensors": tensors}, texts=files)
+
+
+def check_unquantized(model: nn.Module) -> None:
+    """An HF folder holds float weights: a tfm.quantize'd model has integer buffers and scales under
+    other names, which no transformers loader reads without an extra quantization package."""
+    q = getattr(model, "quantization", None)
+    if q is None and not any(isinstance(m, QuantLinear) for m in model.modules()):
+        return
+    what = "its linears are quantized" if q is None else f"scheme={q.scheme!r}, group_size={q.group_size}"
+    raise ValueError(
+        f"model is quantized ({what}): Hugging Face export needs the unquantized weights; "
+        "export the float model (the checkpoint or HF folder it was quantized from) instead"
+    )
 
 
 def pick_model_type(cfg: ModelConfig, model_type: str | None) -> str:

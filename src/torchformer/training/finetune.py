@@ -70,14 +70,22 @@ def check_init(model_spec: dict) -> None:
 
 
 def check(recipe) -> None:
-    """Before any work: the LoRA targets exist in the model (built on the meta device, no weights)."""
+    """Before any work: a quantized model.init trains only adapters; the LoRA targets exist in the
+    model (built on the meta device, no weights)."""
+    from ..models.build import build_model
+    from ..models.saving import load_config, read_config
+
     spec = recipe.finetune.lora
+    init = init_of(recipe)
+    quantization = read_config(init)[1] if init is not None and model_kind(init) == "torchformer" else None
+    if spec is None and quantization is not None:
+        raise ValueError(
+            f"model.init={init!r} is weight-only quantized (scheme={quantization.scheme!r}): its integer "
+            "weights cannot be trained; add finetune.lora (adapters train, the quantized base stays frozen) "
+            "or start from the float checkpoint"
+        )
     if spec is None:
         return
-    from ..models.build import build_model
-    from ..models.saving import load_config
-
-    init = init_of(recipe)
     if init is None:
         cfg = recipe.model_config(8, {})
     else:
@@ -139,6 +147,11 @@ def load_init(recipe, device: torch.device, vocab_size: int) -> nn.Module | None
     from ..models.build import build_model
 
     model = build_model(new_cfg).to(device)
+    q = getattr(base, "quantization", None)
+    if q is not None:  # the same integer modules as the base, so its state dict fits (LoRA over them)
+        from ..models.quantize import quantize
+
+        quantize(model, q.scheme, group_size=q.group_size, lm_head=q.lm_head)
     state = base.state_dict()
     for name, t in model.state_dict().items():  # a shorter max_seq_len: cut position tables
         if state[name].shape != t.shape and state[name].shape[1:] == t.shape[1:]:
