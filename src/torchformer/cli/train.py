@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     if args.quantize is not None:
         raise ValueError(
             f"--quantize {args.quantize}: weight-only quantized weights cannot be trained; train the float "
-            "model and quantize it afterwards (generate / serve / convert --quantize), or fine-tune a "
-            "quantized checkpoint with LoRA (model.init=CKPT plus finetune.lora)"
+            "model and quantize it afterwards (generate / serve / convert --quantize), or train LoRA adapters "
+            f"over a quantized base (finetune.lora plus finetune.quantize={args.quantize}, or model.init=a "
+            "quantized checkpoint)"
         )
     overrides = list(args.overrides)
     for flag, key in ((args.data, "data.source"), (args.out, "train.out_dir"), (args.device, "train.device")):

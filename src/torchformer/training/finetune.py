@@ -10,6 +10,10 @@ anything else would not fit the pretrained tensors and is refused, naming what i
 finetune.lora: LoRA adapters (lora/) on the named modules; everything else is frozen, so the
 optimizer holds only adapter state and checkpoints hold only adapter tensors plus a reference to
 the base (``lora.json``); resume rebuilds the base from model.init and loads the adapters.
+
+finetune.quantize (int8 | int4, with finetune.group_size for int4): QLoRA, the adapters train
+over a frozen weight-only quantized base (models/quantize.py). Checkpoints record the scheme beside
+the base reference, and a resume whose recipe would rebuild another base is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ..atomic import fsync_path
 from ..config import ModelConfig
 from ..loading import TOKENIZER_FILE, load_any, model_kind
 from ..models.saving import WEIGHTS_FILE, unique_state
-from .checkpoint import ADAPTERS
+from .checkpoint import ADAPTERS, STATE
 
 EVAL_FILE = "eval.json"
 logger = logging.getLogger(__name__)
@@ -69,6 +73,27 @@ def check_init(model_spec: dict) -> None:
         )
 
 
+def check_quantize(scheme, group_size, lora_spec) -> int | None:
+    """finetune.quantize / group_size as words and combinations (recipe time; widths: ``check``).
+    Returns the group size to record: int4's default made explicit, so a checkpoint names it."""
+    from ..models.build import QUANT_LINEARS
+    from ..models.quantize import DEFAULT_GROUP_SIZE
+
+    if scheme is not None and scheme not in QUANT_LINEARS:
+        raise ValueError(f"finetune.quantize={scheme!r}: must be one of {sorted(QUANT_LINEARS)}, or absent (float)")
+    if scheme is not None and lora_spec is None:
+        raise ValueError(
+            f"finetune.quantize={scheme!r} needs finetune.lora: a quantized base is frozen (its weights are "
+            "integer buffers no optimizer can update), so only LoRA adapters over it can train"
+        )
+    if group_size is not None and scheme != "int4":
+        raise ValueError(
+            f"finetune.group_size={group_size!r} with finetune.quantize={scheme!r}: a group size is for int4 "
+            "only (int8 keeps one scale per output row)"
+        )
+    return DEFAULT_GROUP_SIZE if scheme == "int4" and group_size is None else group_size
+
+
 def check(recipe) -> None:
     """Before any work: a quantized model.init trains only adapters; the LoRA targets exist in the
     model (built on the meta device, no weights)."""
@@ -84,6 +109,11 @@ def check(recipe) -> None:
             "weights cannot be trained; add finetune.lora (adapters train, the quantized base stays frozen) "
             "or start from the float checkpoint"
         )
+    if quantization is not None and recipe.finetune.quantize is not None:
+        raise ValueError(
+            f"finetune.quantize={recipe.finetune.quantize!r}: model.init={init!r} is already quantized "
+            f"(scheme={quantization.scheme!r}); leave finetune.quantize out to train adapters over it as it is"
+        )
     if spec is None:
         return
     if init is None:
@@ -91,7 +121,9 @@ def check(recipe) -> None:
     else:
         cfg = load_config(init) if model_kind(init) == "torchformer" else _hf_config(init)
     with torch.device("meta"):
-        lora.apply(build_model(cfg), rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
+        model = build_model(cfg)
+        quantize_base(recipe, model)  # finetune.group_size must divide every projection's input width
+        lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
 
 
 def _hf_config(init: str) -> ModelConfig:
@@ -160,12 +192,29 @@ def load_init(recipe, device: torch.device, vocab_size: int) -> nn.Module | None
     return model.train()
 
 
+def quantize_base(recipe, model: nn.Module) -> None:
+    """finetune.quantize: QLoRA (Dettmers et al. 2023), adapters train in float over a frozen
+    weight-only int8 / int4 base. The block projections are quantized; the head stays float, as
+    in QLoRA practice (transformers' bitsandbytes loading keeps lm_head unquantized)."""
+    ft = recipe.finetune
+    if ft.quantize is None:
+        return
+    from ..models.quantize import quantize
+
+    try:
+        quantize(model, ft.quantize, group_size=ft.group_size, lm_head=False)
+    except ValueError as err:
+        raise ValueError(f"finetune.quantize={ft.quantize!r} (group_size={ft.group_size!r}): {err}") from None
+
+
 def apply_lora(recipe, model: nn.Module, seed: int) -> None:
     spec = recipe.finetune.lora
     if spec is None:
         return
+    quantize_base(recipe, model)  # deterministic (round to nearest): resume rebuilds the same base
     torch.manual_seed(seed)  # the A matrices: the same start on every rank and every run
     lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
+    model.train()  # quantize() leaves the model in eval mode; the wrapped quantized layers stay so
 
 
 def saved_weights(model: nn.Module, weights: dict) -> tuple[str, dict]:
@@ -177,8 +226,25 @@ def saved_weights(model: nn.Module, weights: dict) -> tuple[str, dict]:
 
 
 def lora_record(recipe) -> dict | None:
-    spec = recipe.finetune.lora
-    return None if spec is None else {"lora": spec.to_dict(), "base": recipe.model.get("init")}
+    """What a LoRA checkpoint's adapters were trained over: the base and its quantization."""
+    ft = recipe.finetune
+    if ft.lora is None:
+        return None
+    quantized = None if ft.quantize is None else {"scheme": ft.quantize, "group_size": ft.group_size}
+    return {"lora": ft.lora.to_dict(), "base": recipe.model.get("init"), "quantize": quantized}
+
+
+def check_resume(recipe, checkpoint: Path) -> None:
+    """Adapters resume only over the base they were trained over (same init, LoRA, quantization)."""
+    file, ours = Path(checkpoint) / STATE, lora_record(recipe)
+    saved = json.loads(file.read_text()).get("finetune") if file.is_file() else None  # no file: restore says so
+    if saved is not None and "quantize" not in saved:  # written before finetune.quantize existed: a float base
+        saved = {**saved, "quantize": None}
+    if saved != ours:
+        raise ValueError(
+            f"--resume {checkpoint}: its adapters were trained with finetune {saved} but this recipe asks for "
+            f"{ours}; resume with the recipe's model.init and finetune section (lora, quantize, group_size) unchanged"
+        )
 
 
 def load_weights(model: nn.Module, state: dict, load_full) -> None:

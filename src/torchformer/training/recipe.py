@@ -116,8 +116,13 @@ class Dist:
 @dataclass(frozen=True, kw_only=True)
 class Finetune:
     lora: dict | None = None  # {rank, alpha, dropout, targets}: train LoRA adapters only (lora/)
+    quantize: str | None = None  # int8 | int4: LoRA over a frozen weight-only quantized base (QLoRA)
+    group_size: int | None = None  # int4: inputs per scale (default 64); int8 has one scale per row
 
     def __post_init__(self) -> None:
+        from .finetune import check_quantize
+
+        object.__setattr__(self, "group_size", check_quantize(self.quantize, self.group_size, self.lora))
         if self.lora is None:
             return
         from ..lora import LoRASpec

@@ -99,6 +99,7 @@ def train(
         facts = determinism.run_facts(exact, rt.world)
         found = resume_point(resume, out)
         if found is not None:
+            finetune.check_resume(recipe, found)  # the adapters' base: same init, LoRA and quantization
             start, elapsed, window = restore(found, model, optimizer, rt, recipe.dist.strategy, facts)
             reporter.message(f"resumed from {found} at step {start}")
         metrics_file = out / "metrics.jsonl"
