@@ -100,6 +100,11 @@ def test_qlora_recipe_trains_adapters_over_a_quantized_base(hf_llama, corpus, tm
     with torch.no_grad():
         assert torch.equal(again(ids), model.eval()(ids))
         assert (theirs(ids).logits - float_ours(ids)).abs().max() < 1e-4
+        # The run folder's model: the adapters merged into the float init (tfm.load opens the run).
+        merged = tfm.load(out)
+        assert not any(isinstance(m, kind) for m in merged.modules())
+        assert (merged(ids) - float_ours(ids)).abs().max() < 1e-5
+        assert (merged(ids) - model(ids)).abs().max() > 0  # the trained model's base is quantized
 
 
 def test_qlora_resume_is_bit_exact_and_refused_over_another_base(hf_llama, corpus, tmp_path):

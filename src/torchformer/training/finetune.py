@@ -9,7 +9,7 @@ anything else would not fit the pretrained tensors and is refused, naming what i
 
 finetune.lora: LoRA adapters (lora/) on the named modules; everything else is frozen, so the
 optimizer holds only adapter state and checkpoints hold only adapter tensors plus a reference to
-the base (``lora.json``); resume rebuilds the base from model.init and loads the adapters.
+the base (state.json's ``finetune`` entry); resume rebuilds the base from model.init and loads the adapters.
 
 finetune.quantize (int8 | int4, with finetune.group_size for int4): QLoRA, the adapters train
 over a frozen weight-only quantized base (models/quantize.py). Checkpoints record the scheme beside
@@ -254,11 +254,13 @@ def load_weights(model: nn.Module, state: dict, load_full) -> None:
 def export(recipe, model: nn.Module, out: Path) -> None:
     """A LoRA run's folder also gets the merged model (model.safetensors beside config.json, so
     tfm.load, generate and eval open the run as any other) and, where the model has a Hugging Face
-    family, the adapter in PEFT format under <out_dir>/adapter. Checkpoints stay adapters only."""
+    family, the adapter in PEFT format under <out_dir>/adapter. Checkpoints stay adapters only.
+    QLoRA (finetune.quantize): the adapters are merged into the float model.init, as QLoRA users
+    do; its logits differ from the trained model's by the quantization error of the base."""
     if not lora.adapters(model):
         return
     try:
-        merged = lora.merge(copy.deepcopy(model))
+        merged = lora.merge(_float_copy(recipe, model))
     except ValueError as err:  # a quantized base cannot be merged: the run folder keeps the adapters
         logger.warning("LoRA run %s: not merged (%s)", out, err)
     else:
@@ -270,6 +272,18 @@ def export(recipe, model: nn.Module, out: Path) -> None:
         lora.save(model, out / "adapter", base_model=recipe.model.get("init"))
     except ValueError as err:  # no HF family fits this model, or a fused layout
         logger.info("LoRA run %s: no PEFT adapter written (%s)", out, err)
+
+
+def _float_copy(recipe, model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose base can take the adapters: for QLoRA from model.init, the float
+    init with the same adapters (a preset base was never float after quantizing: merge refuses)."""
+    if recipe.finetune.quantize is None or init_of(recipe) is None:
+        return copy.deepcopy(model)
+    spec, device = recipe.finetune.lora, next(model.parameters()).device
+    base = load_init(recipe, device, model.config.vocab_size)
+    lora.apply(base, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
+    lora.load_state(base, lora.adapter_state(model))
+    return base
 
 
 def evaluate_file(recipe, model: nn.Module, tok, out: Path) -> dict | None:
