@@ -40,17 +40,20 @@ class DecoderLM(nn.Module):
         check_positions(positions, input_ids, cache, self.config.max_seq_len)
         check_documents(document_ids, input_ids, cache)
         pos = positions_from(input_ids, positions, attention_mask, document_ids)
-        return self.lm_head(self.hidden(input_ids, pos, attention_mask, cache, document_ids))  # (B, T, V)
+        hidden = self.hidden(input_ids, pos, attention_mask, cache, document_ids, aligned=positions is None)
+        return self.lm_head(hidden)  # (B, T, V)
 
     def logits(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None) -> Tensor:
         """The unchecked forward (generation loops and compiled steps call this)."""
         return self.lm_head(self.hidden(ids, pos, attention_mask, cache))  # (B, T, V)
 
     def hidden(
-        self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None, document_ids=None
+        self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, cache: KVCache | None, document_ids=None,
+        aligned: bool = False,
     ) -> Tensor:
-        """Unchecked final hidden states (B, T, D); a prefill applies lm_head to the last one only."""
-        ctx = self.stack.context(pos, attention_mask, cache, document_ids)
+        """Unchecked final hidden states (B, T, D); a prefill applies lm_head to the last one only.
+        aligned: pos are the default column positions (Stack.context)."""
+        ctx = self.stack.context(pos, attention_mask, cache, document_ids, aligned)
         return self.stack(self.embed(ids, pos), ctx, cache)
 
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:

@@ -46,10 +46,12 @@ class Encoder(nn.Module):
         # Encoders pad on the right, so columns (BERT) and counted tokens (RoBERTa) agree on real
         # tokens there; with left padding only counting matches RoBERTa.
         pos = positions_from(input_ids, positions, self.numbering(attention_mask))
-        return self.hidden(input_ids, pos, attention_mask, token_type_ids)
+        return self.hidden(input_ids, pos, attention_mask, token_type_ids, aligned=positions is None)
 
-    def hidden(self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, token_type_ids=None) -> Tensor:
-        ctx = self.stack.context(pos, attention_mask, None)
+    def hidden(
+        self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, token_type_ids=None, aligned: bool = False
+    ) -> Tensor:
+        ctx = self.stack.context(pos, attention_mask, None, aligned=aligned)
         return self.stack(self.embed(ids, pos, token_type_ids), ctx)  # (B, T, D)
 
     def mlm_logits(self, hidden: Tensor) -> Tensor:

@@ -40,7 +40,7 @@ class EncoderDecoder(nn.Module):
         check_ids(src_ids, "src_ids", cfg.vocab_size, cfg.max_seq_len)
         check_mask(src_mask, "src_mask", src_ids, "src_ids")
         pos = positions_from(src_ids, None, None)
-        ctx = self.encoder.context(pos, src_mask, None)
+        ctx = self.encoder.context(pos, src_mask, None, aligned=True)
         return self.encoder(self.src_embed(src_ids, pos), ctx)
 
     def decode(
@@ -66,11 +66,11 @@ class EncoderDecoder(nn.Module):
         else:
             memory_kv, src_mask = cache.cross, cache.src_mask
         pos = positions_from(tgt_ids, positions, attention_mask)
-        return self.logits(tgt_ids, pos, attention_mask, cache, memory_kv, src_mask)
+        return self.logits(tgt_ids, pos, attention_mask, cache, memory_kv, src_mask, aligned=positions is None)
 
-    def logits(self, ids, pos, attention_mask, cache, memory_kv, src_mask) -> Tensor:
+    def logits(self, ids, pos, attention_mask, cache, memory_kv, src_mask, aligned: bool = False) -> Tensor:
         """The unchecked decoder forward (generation loops and compiled steps call this)."""
-        ctx = self.decoder.context(pos, attention_mask, cache)
+        ctx = self.decoder.context(pos, attention_mask, cache, aligned=aligned)
         x = self.decoder(self.tgt_embed(ids, pos), ctx, cache, memory_kv, cross_context(src_mask))
         return self.lm_head(x)  # (B, T, V)
 

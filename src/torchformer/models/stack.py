@@ -104,12 +104,16 @@ class Stack(nn.Module):
         self.layer_kind = (0,) * len(blocks) if layer_kind is None else tuple(layer_kind)
         assert len(self.layer_kind) == len(blocks) and max(self.layer_kind) <= len(self.kinds)
 
-    def context(self, pos: Tensor, attention_mask: Tensor | None, cache, document_ids: Tensor | None = None):
+    def context(
+        self, pos: Tensor, attention_mask: Tensor | None, cache, document_ids: Tensor | None = None, aligned=False
+    ):
         """RoPE rows and the attention pattern for self-attention of queries at positions pos (B, T).
 
         Without a cache, keys are this chunk's tokens (columns); with one, keys are the cache
         slots 0..S_max, whose positions are their indices. document_ids (B, T) (packed rows, no
-        cache) keep attention inside each document. Returns the first kind's context; its
+        cache) keep attention inside each document. aligned: pos are the column indices (plus one
+        shift per row), which with no mask, documents or cache makes every rule a function of
+        kv - q (Pattern.aligned). Returns the first kind's context; its
         ``by_kind`` holds every kind's (what ``forward`` hands the blocks).
         """
         B, T = pos.shape
@@ -126,21 +130,24 @@ class Stack(nn.Module):
             slots = pos if attention_mask is None else pos.masked_fill(attention_mask == 0, cache.max_len)
         docs = None if document_ids is None else same_document(document_ids, document_ids)
         bias = None if self.score_bias is None else self.score_bias.rule(pos, k_pos)
-        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None)
+        aligned = aligned and cache is None and keys is None and docs is None
+        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None, aligned)
         ctxs = tuple(self.kind_context(pos, kind.rope, kind.window, shared) for kind in (self, *self.kinds))
         return ctxs[0]._replace(by_kind=ctxs)
 
     def kind_context(self, pos: Tensor, rope: nn.Module | None, size: int | None, shared: tuple) -> AttnInputs:
         """One kind's context: the shared rules plus this kind's window and RoPE rows."""
-        B, T, k_pos, slots, order, keys, docs, bias, no_cache = shared
+        B, T, k_pos, slots, order, keys, docs, bias, no_cache, aligned = shared
         near = None if size is None else window(pos, k_pos, size)
         fast = order is not None and no_cache and keys is None and near is None and docs is None and bias is None
         mask = all_of([order, keys, near, docs])
         pattern = None
         if mask is not None or bias is not None:
             params = () if bias is None else self.score_bias.params
+            reach = getattr(self.score_bias, "reach", None) if params else None
             pattern = Pattern(mask, bias, B, self.n_heads, T, k_pos.shape[1], pos.device,
-                              key_only=order is None and near is None and docs is None, params=params)  # fmt: skip
+                              key_only=order is None and near is None and docs is None, params=params,
+                              aligned=aligned, reach=reach)  # fmt: skip
         rows = None if rope is None else rope(pos)
         return self.prepare(AttnInputs(rope=rows, mask=None, bias=None, is_causal=fast, slots=slots, pattern=pattern))
 

@@ -85,7 +85,11 @@ class Pattern:
     Built once per forward by the stack and shared by every layer. ``blocks`` holds flex's block
     mask when the chosen path needs it (built once, not per layer); ``route`` is the backend that
     ``auto`` picked for this forward; ``params`` are the tensors a bias rule learns (T5's table),
-    which flex's backward must return gradients for.
+    which flex's backward must return gradients for. ``aligned``: every row's queries and keys
+    sit at the same positions (self-attention, no cache, padding or documents), so each rule is a
+    function of (h, kv - q) only; ``reach``: a learned bias no longer varies with kv - q beyond
+    +-reach (T5's max_distance). ``offsets`` holds that form when the chosen path uses it
+    (nn/offsets.py).
     """
 
     mask: Rule | None
@@ -98,6 +102,9 @@ class Pattern:
     key_only: bool = False
     params: tuple[Tensor, ...] = ()
     blocks: object | None = None
+    aligned: bool = False
+    reach: int | None = None
+    offsets: object | None = None
     route: Callable[..., Tensor] | None = None
     _dense: tuple[Tensor | None, Tensor | None] | None = field(default=None, repr=False)
 

@@ -185,6 +185,11 @@ class RelativePositionBias(nn.Module):
         """The learned tensors the rule reads (flex's backward returns their gradients)."""
         return (self.weight,)
 
+    @property
+    def reach(self) -> int:
+        """Beyond this distance every offset of one side falls in that side's last bucket."""
+        return self.max_distance
+
     def reset_buffers(self, device: torch.device | None = None) -> None:
         relative = torch.arange(-self.max_len, self.max_len + 1, device="cpu")  # (2 max_len + 1,)
         self.register_buffer("buckets", placed(self.bucket(relative), device), persistent=False)

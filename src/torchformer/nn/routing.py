@@ -9,6 +9,10 @@ never from tensor values:
 
 - plain causal or no mask, no soft-cap          -> sdpa (is_causal: its fastest kernel)
 - key padding only (encoders), no bias          -> sdpa with a (B, 1, 1, S) mask
+- on CPU, a bias or window over aligned positions (self-attention, no padding, documents or
+  cache), no soft-cap                           -> offsets (nn/offsets.py: torch's fused CPU
+  flash kernel per query chunk, the bias a strided view of one vector per head; forward and
+  backward fused, nothing to compile)
 - a bias, window, document or causal+padding    -> flex (the dense form would be (B, H, T, S))
 - soft-capping                                  -> flex (SDPA cannot soft-cap; math otherwise)
 - a cached step (prefill into / decode from the static cache) -> sdpa with the dense pattern
@@ -26,6 +30,7 @@ from torch import Tensor
 from .attention import AttnInputs
 from .backends import math_attention, sdpa_attention
 from .flex import build_blocks, flex_attention
+from .offsets import applies, offset_attention, offset_vector
 from .patterns import Pattern
 
 Prepare = Callable[[AttnInputs], AttnInputs]
@@ -55,6 +60,9 @@ def auto_preparer(softcap: float | None, flex_ok: bool) -> Prepare:
         # lowered inside the compiled decode step on CPU (flex.py).
         needs_flex = p is not None and (p.bias is not None or not p.key_only) and not ctx.is_causal
         needs_flex = needs_flex and ctx.slots is None
+        if needs_flex and applies(p, softcap):
+            p.offsets, p.route = offset_vector(p), offset_attention
+            return ctx
         if flex_ok and (needs_flex or (softcap is not None and p is not None)):
             p.route = flex_attention
             return prepare_flex(ctx)
