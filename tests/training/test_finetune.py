@@ -16,7 +16,7 @@ from torchformer.training import recipe as recipes
 from torchformer.training.corpus import VAL_EVERY, VAL_OFFSET, dialogue, play_files
 from torchformer.training.train import train
 
-from .tiny import tiny_recipe
+from .tiny import tiny_hf_llama, tiny_recipe
 
 LORA = {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "mlp.up"]}
 
@@ -108,24 +108,7 @@ def test_lora_checkpoint_holds_adapters_and_resume_is_bit_exact(plays, tmp_path)
 
 @pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory):
-    """A tiny HF Llama folder with a tokenizer.json (torchformer's byte-level tokenizer)."""
-    from torchformer.training.tokenizers import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("hf")
-    tok = build_tokenizer("byte", "")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(
-        vocab_size=272,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    T.LlamaForCausalLM(cfg).save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(tok.to_json())
-    return folder
+    return tiny_hf_llama(tmp_path_factory.mktemp("hf"))
 
 
 @pytest.mark.parametrize("lora", [None, LORA], ids=["full", "lora"])

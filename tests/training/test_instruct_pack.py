@@ -69,6 +69,17 @@ def _model(vocab):
     )
 
 
+def _forward(model, batch):
+    return model(batch["ids"], document_ids=batch["document_ids"])
+
+
+def _packed_run(data, v):
+    """(batches, the grid row's model, every training row packed, its logits)."""
+    b, model = _packed(data), grid.build(v)
+    batch = _all_rows(b)
+    return b, model, batch, _forward(model, batch)
+
+
 DECODERS = grid.variants(("decoder",))
 
 
@@ -97,10 +108,7 @@ def test_rows_hold_whole_examples_and_a_padding_document(data):
 @pytest.mark.parametrize("v", **grid.params(DECODERS))
 @torch.no_grad()
 def test_each_packed_example_equals_the_example_alone(data, v):
-    b = _packed(data)
-    model = grid.build(v)
-    batch = _all_rows(b)
-    logits = _forward(model, batch)
+    b, model, batch, logits = _packed_run(data, v)
     for r, at, n, i in _spans(b):
         alone = InstructBatches.collate(b, [data.train[i]])  # the unpacked batch of this example
         alone_logits = model(alone["ids"])
@@ -113,10 +121,7 @@ def test_each_packed_example_equals_the_example_alone(data, v):
 @pytest.mark.parametrize("v", **grid.params(DECODERS[:16]))
 @torch.no_grad()
 def test_changing_one_example_changes_no_other_examples_logits(data, v):
-    b = _packed(data)
-    model = grid.build(v)
-    batch = _all_rows(b)
-    logits = _forward(model, batch)
+    b, model, _, logits = _packed_run(data, v)
     r, at, n, k = next(s for s in _spans(b) if s[2] > 3)
     x, y = b.train_pairs[k]
     changed = list(b.train_pairs)
@@ -127,10 +132,6 @@ def test_changing_one_example_changes_no_other_examples_logits(data, v):
     mine[r, at : at + n] = True
     assert diff[~mine].max().item() == 0.0
     assert diff[mine].max().item() > 1e-4
-
-
-def _forward(model, batch):
-    return model(batch["ids"], document_ids=batch["document_ids"])
 
 
 def test_masked_and_padding_positions_carry_no_gradient(data):
@@ -184,22 +185,24 @@ def _plain(tok, pair):
 
 
 def test_answer_tokens_counted_across_micro_batches(data):
-    """Packed rows with different answer counts: 2 micro-batches give the gradient of one batch."""
+    """Packed rows with different answer counts: 1, 2 or 4 micro-batches give the gradient of the
+    mean over the whole batch's answer tokens."""
     objective = CausalLM(_model(data.tokenizer.vocab_size))
     batch = _packed(data, batch_size=4).batch(0)
-    counts = [n_targets({"labels": batch["labels"][i : i + 2]}) for i in (0, 2)]
-    assert counts[0] != counts[1]
+    assert len({n_targets({"labels": batch["labels"][i : i + 1]}) for i in range(4)}) > 1
+    mean = _gradients(objective, lambda: (objective(batch) / n_targets(batch)).backward())
     cpu = Runtime(rank=0, world=1, device=torch.device("cpu"))
-    grads = []
-    for accum in (1, 2):
-        objective.zero_grad()
-        accumulate(objective, batch, cpu, accum, contextlib.nullcontext)
-        grads.append({n: p.grad.clone() for n, p in objective.named_parameters() if p.grad is not None})
-    objective.zero_grad()
-    (objective(batch) / n_targets(batch)).backward()  # the mean over the batch's answer tokens
-    for name, p in objective.named_parameters():
-        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=0, msg=name)
-        torch.testing.assert_close(grads[0][name], p.grad, atol=1e-6, rtol=0, msg=name)
+    for accum in (1, 2, 4):
+        split = _gradients(objective, lambda a=accum: accumulate(objective, batch, cpu, a, contextlib.nullcontext))
+        assert split.keys() == mean.keys()
+        for name, g in split.items():
+            torch.testing.assert_close(g, mean[name], atol=1e-6, rtol=0, msg=f"{accum}: {name}")
+
+
+def _gradients(module, backward) -> dict:
+    module.zero_grad()
+    backward()
+    return {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
 def test_batches_are_a_seeded_pure_function_of_the_step(data):

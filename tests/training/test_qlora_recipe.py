@@ -21,7 +21,7 @@ from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.training import recipe as recipes
 from torchformer.training.train import train
 
-from .tiny import tiny_recipe
+from .tiny import tiny_hf_llama, tiny_recipe
 
 LORA = {"rank": 4, "alpha": 8, "targets": ["q_proj", "v_proj", "mlp.up"]}
 SCHEMES = {"int8": (Int8Linear, None), "int4": (Int4Linear, 16)}
@@ -29,23 +29,7 @@ SCHEMES = {"int8": (Int8Linear, None), "int4": (Int4Linear, 16)}
 
 @pytest.fixture(scope="module")
 def hf_llama(tmp_path_factory):
-    """A tiny HF Llama folder with a tokenizer.json (torchformer's byte-level tokenizer)."""
-    from torchformer.training.tokenizers import build_tokenizer
-
-    folder = tmp_path_factory.mktemp("hf")
-    torch.manual_seed(0)
-    cfg = T.LlamaConfig(
-        vocab_size=272,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    T.LlamaForCausalLM(cfg).save_pretrained(folder)
-    (folder / "tokenizer.json").write_text(build_tokenizer("byte", "").to_json())
-    return folder
+    return tiny_hf_llama(tmp_path_factory.mktemp("hf"))
 
 
 def qlora_recipe(out, source, init, *, finetune, model=None, **sections):

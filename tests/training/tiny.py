@@ -71,3 +71,19 @@ def tiny_seq2seq(out_dir, **sections) -> recipes.Recipe:
     for name, values in sections.items():
         base[name] = {**base.get(name, {}), **values}
     return tiny_recipe(out_dir, "reverse", **base)
+
+
+def tiny_hf_llama(folder):
+    """A tiny random HF Llama saved in ``folder`` with a tokenizer.json (torchformer's byte-level
+    tokenizer): a model.init for fine-tuning tests. Returns the folder."""
+    import torch
+    import transformers as T
+
+    from torchformer.training.tokenizers import build_tokenizer
+
+    torch.manual_seed(0)
+    cfg = T.LlamaConfig(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    T.LlamaForCausalLM(cfg).save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(build_tokenizer("byte", "").to_json())
+    return folder
