@@ -32,6 +32,29 @@ FEW_ROWS = 64
 COMPILED_ROWS = 4
 
 
+def _one_row_cpu():
+    """oneDNN's inner product (the op inductor's CPU mkldnn fusions call), or None without oneDNN.
+
+    One row in eager (batch-1 decoding, no autograd): MKL's sgemv runs single-threaded at these
+    sizes (measured: 2 threads == 1 thread, 10-15 GB/s over the decode benchmark's matrices), while
+    oneDNN splits the output rows over the threads (14-25 GB/s at 2 threads; 512x512 to 8192x512).
+    Same product, fp32 accumulation in another order: differences are reassociation only."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default
+    except (AttributeError, RuntimeError):
+        return None
+
+
+ONE_ROW_CPU = _one_row_cpu()
+
+
+def one_row_cpu(x: Tensor) -> bool:
+    """Whether ONE_ROW_CPU takes x (one row): eager fp32 on the CPU, no autograd (the op has none)."""
+    return ONE_ROW_CPU is not None and x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
+
+
 def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
     """x2 (rows, K) against weight (N, K): one multiply + sum over K per row -> (rows, N).
 
@@ -51,6 +74,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
     if torch.compiler.is_compiling() and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
+    elif rows == 1 and one_row_cpu(x):
+        return ONE_ROW_CPU(x, weight, bias, "none", [], "")  # (..., N)
     elif rows <= 1 or rows > FEW_ROWS:  # one row: both ways stream equally, F.linear has less overhead
         return F.linear(x, weight, bias)
     else:
