@@ -90,7 +90,7 @@ def build(scheme: str, backend: str, T: int) -> torch.nn.Module:
 def call(model: torch.nn.Module, q, k, v, backward: bool) -> None:
     """Context + attention (+ backward), exactly as a forward's first layer runs them."""
     T = q.shape[2]
-    ctx = model.stack.context(torch.arange(T)[None], None, None)
+    ctx = model.stack.context(torch.arange(T)[None], None, None, aligned=True)  # as forward(ids) builds it
     attn = model.stack.blocks[0].attn
     if ctx.rope is not None:
         q, k = attn.rotate(q, *ctx.rope), attn.rotate(k, *ctx.rope)

@@ -55,7 +55,8 @@ def applies(pattern: Pattern | None, softcap: float | None) -> bool:
     kernel has no hook for it), and any learned bias of known reach."""
     if pattern is None or not pattern.aligned or pattern.T != pattern.S or softcap is not None:
         return False
-    return pattern.device.type == "cpu" and (not pattern.params or pattern.reach is not None)
+    on_cpu = pattern.device == torch.device("cpu")  # the fused kernel used here is the CPU one
+    return on_cpu and (not pattern.params or pattern.reach is not None)
 
 
 def offset_vector(pattern: Pattern) -> Offsets:
@@ -89,18 +90,25 @@ def tile(u: Tensor, g: int, G: int, q0: int, q1: int, k0: int, k1: int, T: int) 
     return u.as_strided((1, K, q1 - q0, k1 - k0), (0, G * L, 1, 1), u.storage_offset() + g * L + k0 - q1 + T)
 
 
-def flash_forward(q: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
-    """Chunked fused forward: (out (B, H, T, E), lse (B, H, T) fp32); rows that see nothing give 0."""
-    B, H, T, _ = q.shape
+def reversed_forward(qr: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
+    """The chunked fused forward on the queries in reverse order (qr = q.flip(2): each chunk is then
+    a slice, reversed within as ``tile`` needs): (out, lse (B, H, T) fp32), also reversed; rows that
+    see nothing give 0."""
+    B, H, T, _ = qr.shape
     G = H // k.shape[1]
-    out, lse = q.new_zeros(B, H, T, v.shape[-1]), torch.zeros(B, H, T, device=q.device)
+    out, lse = qr.new_zeros(B, H, T, v.shape[-1]), torch.zeros(B, H, T, device=qr.device)
     for g in range(G):
         for q0, q1, k0, k1 in chunks(T, k.shape[2], lo, hi):
-            rows = (slice(None), slice(g, None, G), slice(q0, q1))
-            o, m = _FORWARD(q[rows].flip(2), k[:, :, k0:k1], v[:, :, k0:k1], 0.0, False,
-                            attn_mask=tile(u, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
-            out[rows], lse[rows] = o.flip(2), m.flip(2)
+            rows = (slice(None), slice(g, None, G), slice(T - q1, T - q0))
+            out[rows], lse[rows] = _FORWARD(qr[rows], k[:, :, k0:k1], v[:, :, k0:k1], 0.0, False,
+                                            attn_mask=tile(u, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
     return out, lse
+
+
+def flash_forward(q: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
+    """(out (B, H, T, E), lse (B, H, T)) in the natural query order."""
+    out, lse = reversed_forward(q.flip(2), k, v, u, lo, hi, scale)
+    return out.flip(2), lse.flip(2)
 
 
 class _OffsetAttention(torch.autograd.Function):
@@ -108,30 +116,33 @@ class _OffsetAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, u, lo, hi, reach, scale):
-        out, lse = flash_forward(q, k, v, u.detach().to(q.dtype), lo, hi, scale)
-        ctx.save_for_backward(q, k, v, u, out, lse)
+        qr = q.flip(2)
+        out, lse = reversed_forward(qr, k, v, u.detach().to(q.dtype), lo, hi, scale)
+        ctx.save_for_backward(qr, k, v, u, out, lse)
         ctx.args = (lo, hi, reach, scale)
-        return out
+        return out.flip(2)
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, u, out, lse = ctx.saved_tensors
+        qr, k, v, u, out, lse = ctx.saved_tensors  # queries, outputs and lse in reverse order
         lo, hi, reach, scale = ctx.args
-        B, H, T, _ = q.shape
+        B, H, T, _ = qr.shape
         G = H // k.shape[1]
-        um = u.detach().to(q.dtype)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        um, dr = u.detach().to(qr.dtype), dout.flip(2)
+        dq, dk, dv = torch.zeros_like(qr), torch.zeros_like(k), torch.zeros_like(v)
         for g in range(G):
             for q0, q1, k0, k1 in chunks(T, k.shape[2], lo, hi):
-                rows = (slice(None), slice(g, None, G), slice(q0, q1))
-                a, b, c = _BACKWARD(dout[rows].flip(2), q[rows].flip(2), k[:, :, k0:k1], v[:, :, k0:k1],
-                                    out[rows].flip(2), lse[rows].flip(2), 0.0, False,
-                                    attn_mask=tile(um, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
-                dq[rows] = a.flip(2)
+                rows = (slice(None), slice(g, None, G), slice(T - q1, T - q0))
+                a, b, c = _BACKWARD(dr[rows], qr[rows], k[:, :, k0:k1], v[:, :, k0:k1], out[rows], lse[rows],
+                                    0.0, False, attn_mask=tile(um, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
+                dq[rows] = a
                 dk[:, :, k0:k1] += b
                 dv[:, :, k0:k1] += c
-        du = bias_grad(q, k, v, u.detach(), out, lse, dout, lo, hi, reach, scale) if ctx.needs_input_grad[3] else None
-        return dq, dk, dv, du, None, None, None, None
+        du = None
+        if ctx.needs_input_grad[3]:
+            flip = [t.flip(2) for t in (qr, out, lse)]
+            du = bias_grad(flip[0], k, v, u.detach(), flip[1], flip[2], dout, lo, hi, reach, scale)
+        return dq.flip(2), dk, dv, du, None, None, None, None
 
 
 def bias_grad(q, k, v, u, out, lse, dout, lo, hi, reach, scale) -> Tensor:
@@ -140,7 +151,7 @@ def bias_grad(q, k, v, u, out, lse, dout, lo, hi, reach, scale) -> Tensor:
     B, H, T, E = q.shape
     K, S = k.shape[1], k.shape[2]
     G = H // K
-    qf, kf, vf, df = q.float(), k.float(), v.float(), dout.float()
+    qf, kf, vf, df = q.float(), k.float(), v.float(), dout.float().contiguous()  # dout may be expanded
     delta = (df * out.float()).sum(-1)  # (B, H, T): rowsum(dO * O)
     du = torch.zeros_like(u)
     for q0 in range(0, T, CHUNK):
