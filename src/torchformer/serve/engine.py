@@ -5,7 +5,9 @@ requests, admit waiting ones FIFO into free rows (each prompt is prefilled alone
 of the cache), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
 highest busy row; all R when compiled). Rows without a request feed a dummy token whose
 key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps attend
-only over the key slots in use, rounded up to a multiple of SPAN. A freed row is reused without
+only over the key slots in use, rounded up to a multiple of SPAN; compiled ones over the next
+power of two of them (at least SPAN): one graph per power, a handful per model, each compiled
+the first time a request reaches it, instead of every step attending over all of max_len. A freed row is reused without
 clearing: the cache mask is built from positions, so the stale keys beyond the new prompt are
 invisible until overwritten (each decode token writes its slot before attending).
 """
@@ -37,6 +39,11 @@ SPAN = 64  # attended key slots come in multiples of this: few shapes, little at
 def span(positions: int, max_len: int) -> int:
     """Key slots to attend over when positions 0..positions-1 are in use."""
     return min(max_len, -(-positions // SPAN) * SPAN)
+
+
+def compiled_span(positions: int, max_len: int) -> int:
+    """Key slots a compiled step attends over: the next power of two >= positions, >= SPAN."""
+    return min(max_len, max(SPAN, 1 << (positions - 1).bit_length()))
 
 
 def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
@@ -178,9 +185,13 @@ class Engine:
                 self.texts = self.make_texts(cfg.vocab_size)
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
-                self.step_fn = (
-                    torch.compile(decode_rows, dynamic=False, fullgraph=True) if self.compile else decode_rows
-                )
+                self.step_fn = decode_rows
+                if self.compile:
+                    from torch._dynamo import config as dynamo_settings
+
+                    spans = cfg.max_seq_len.bit_length()  # at most one graph per power of two
+                    dynamo_settings.recompile_limit = max(dynamo_settings.recompile_limit, spans + 1)
+                    self.step_fn = torch.compile(decode_rows, dynamic=False, fullgraph=True)
                 self.beat, self.ready = time.monotonic(), True
                 log.info("engine ready: %d slots, context %d", self.slots, self.context)
                 while not self.stopping:
@@ -253,10 +264,11 @@ class Engine:
         jobs = [j for j in self.rows if j is not None]
         # Only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a lone
         # short request costs a one-row step over a short cache, not an R-row one over max_len.
-        # Compiled, every step has all R rows and slots: one graph, no recompiles.
-        n, length = self.slots, self.cache.max_len
+        # Compiled, every step has all R rows and a power-of-two span: one graph per power.
+        n, top = self.slots, max(j.pos for j in jobs)
+        length = compiled_span(top, self.cache.max_len)
         if not self.compile:
-            n, length = 1 + max(j.row for j in jobs), span(max(j.pos for j in jobs), length)
+            n, length = 1 + max(j.row for j in jobs), span(top, self.cache.max_len)
         if (n, length) not in self.views:
             self.views[n, length] = rows_view(self.cache, 0, n, length)
         rows = self.rows[:n]
