@@ -14,14 +14,74 @@ from torch import Tensor, nn
 from ..nn.moe import RouterOutput, record_routing
 from .batches import IGNORE, Batch
 
+# Rows of logits per chunk: ~4 MiB of fp32 at a time (128 rows at V = 8192), whatever the vocabulary.
+CHUNK_ELEMENTS = 1 << 20
+
 
 def token_loss(logits: Tensor, labels: Tensor, smoothing: float = 0.0) -> Tensor:
     """Sum over labelled positions of cross-entropy against the label-smoothed target
     q = (1 - smoothing) * onehot + smoothing / V (Szegedy et al. 2016; Vaswani 2017, 5.4).
-    logits (..., V) in any dtype (upcast to fp32), labels (...) with -100 = ignore."""
-    return F.cross_entropy(
-        logits.flatten(0, -2).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum", label_smoothing=smoothing
-    )
+    logits (..., V) in any dtype (computed in fp32), labels (...) with -100 = ignore.
+
+    Equal to ``F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=...)``,
+    computed a chunk of rows at a time (``ChunkedCrossEntropy``): backward keeps no second (N, V)
+    tensor beside the logits (no fp32 log-softmax, no fp32 upcast copy of bf16 logits)."""
+    if labels.shape != logits.shape[:-1]:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must be the logits shape without its last (vocabulary) "
+            f"dimension, {tuple(logits.shape[:-1])}"
+        )
+    if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 <= smoothing <= 1.0:
+        raise ValueError(f"smoothing={smoothing!r}: must be a number in [0, 1]")
+    return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), float(smoothing))
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy of (N, V) logits, one chunk of rows at a time.
+
+    The loss of row n is lse_n - (1 - eps) * x_{n,y} - eps * mean_v x_{n,v}; its gradient is
+    softmax(x_n) - q_n. Forward keeps only the logits (already alive) and each row's logsumexp
+    (N floats); backward rebuilds softmax from them chunk by chunk and writes the gradient into
+    one (N, V) buffer. Plain F.cross_entropy keeps an fp32 log-softmax (N, V) for backward and
+    makes two more (N, V) tensors in it (the nll gradient and the log-softmax gradient), plus an
+    fp32 copy of reduced-precision logits: 3-4 logits-sized tensors at the loss, against 2 here."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, eps: float) -> Tensor:
+        valid = labels != IGNORE
+        target = torch.where(valid, labels, 0).unsqueeze(1)  # (N, 1): any class for ignored rows
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for rows in _chunks(logits):
+            x = logits[rows].float()  # (n, V); a view when the logits are fp32
+            lse[rows] = torch.logsumexp(x, dim=-1)
+            smoothed = (1.0 - eps) * x.gather(1, target[rows]).squeeze(1) + eps * x.mean(-1)  # sum_v q_v x_v
+            total += torch.where(valid[rows], lse[rows] - smoothed, 0.0).sum()
+        ctx.save_for_backward(logits, lse, target, valid)
+        ctx.eps = eps
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        logits, lse, target, valid = ctx.saved_tensors
+        eps, vocab = ctx.eps, logits.shape[-1]
+        out = torch.empty_like(logits)
+        in_place = out.dtype == torch.float32  # fp32: each chunk is computed in its rows of ``out``
+        scale = torch.where(valid, grad.float(), 0.0)  # (N,): ignored rows get no gradient
+        for rows in _chunks(logits):
+            g = out[rows] if in_place else torch.empty(out[rows].shape, dtype=torch.float32, device=out.device)
+            torch.sub(logits[rows], lse[rows, None], out=g).exp_()  # (n, V): softmax
+            g.sub_(eps / vocab).scatter_add_(1, target[rows], g.new_full(target[rows].shape, eps - 1.0))
+            g.mul_(scale[rows, None])  # softmax - q, times the incoming gradient
+            if not in_place:
+                out[rows] = g
+        return out, None, None
+
+
+def _chunks(logits: Tensor) -> list[slice]:
+    n, step = logits.shape[0], max(1, CHUNK_ELEMENTS // max(1, logits.shape[-1]))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def load_balancing_loss(routed: list[RouterOutput]) -> Tensor:
