@@ -61,7 +61,12 @@ def test_route_is_only_taken_without_autograd_for_fp32_cpu_rows(monkeypatch):
         linear(x, w)  # no_grad counts too (evaluation loops)
         linear(x.double(), w.double())  # fp64: not this route
         linear(torch.randn(2, 8), w)  # two rows: the few-row path
+        linear(x, w.as_subclass(Marked))  # a tensor subclass keeps F.linear's dispatch
     assert counter.calls == 1
+
+
+class Marked(torch.Tensor):
+    """A trivial tensor subclass (DTensor and fake tensors are subclasses too)."""
 
 
 DECODE = variants(("decoder", "encoder_decoder"))

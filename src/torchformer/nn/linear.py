@@ -50,9 +50,21 @@ def _one_row_cpu():
 ONE_ROW_CPU = _one_row_cpu()
 
 
-def one_row_cpu(x: Tensor) -> bool:
-    """Whether ONE_ROW_CPU takes x (one row): eager fp32 on the CPU, no autograd (the op has none)."""
-    return ONE_ROW_CPU is not None and x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
+PLAIN = (Tensor, nn.Parameter)  # subclasses (DTensor, fake and functional tensors) keep F.linear's dispatch
+
+
+def one_row_cpu(x: Tensor, weight: Tensor) -> bool:
+    """Whether ONE_ROW_CPU takes x (one row): eager fp32 on the CPU, plain tensors, no autograd
+    (the op has no backward)."""
+    return (
+        ONE_ROW_CPU is not None
+        and x.is_cpu
+        and weight.is_cpu
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_grad_enabled()
+        and type(x) in PLAIN
+        and type(weight) in PLAIN
+    )
 
 
 def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
@@ -74,7 +86,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
     if torch.compiler.is_compiling() and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
-    elif rows == 1 and one_row_cpu(x):
+    elif rows == 1 and one_row_cpu(x, weight):
         return ONE_ROW_CPU(x, weight, bias, "none", [], "")  # (..., N)
     elif rows <= 1 or rows > FEW_ROWS:  # one row: both ways stream equally, F.linear has less overhead
         return F.linear(x, weight, bias)
