@@ -40,7 +40,14 @@ class LoRALinear(nn.Module):
         base.train(False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.base_layer(x) + self.lora_B(self.lora_A(self.dropout(x))) * self.scaling
+        y = self.base_layer(x)  # (..., N)
+        a = self.lora_A(self.dropout(x))  # (..., r)
+        # base + scaling * a B^T as one GEMM (alpha = scaling, beta = 1): no separate (..., N) update,
+        # scaled copy and sum in forward, nor the scaled gradient in backward (the same values).
+        out = torch.addmm(
+            y.reshape(-1, self.out_features), a.reshape(-1, self.rank), self.lora_B.weight.t(), alpha=self.scaling
+        )  # (rows, N)
+        return out.view(y.shape)  # (..., N)
 
     def train(self, mode: bool = True) -> LoRALinear:
         super().train(mode)
