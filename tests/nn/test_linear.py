@@ -38,3 +38,16 @@ def test_non_contiguous_input_and_module_keys():
     ours.load_state_dict(ref.state_dict())
     x = torch.randn(3, 16)
     torch.testing.assert_close(ours(x), ref(x))
+
+
+@torch.no_grad()
+def test_compiled_few_row_product_matches_f_linear_on_both_sides_of_compiled_rows():
+    """Compiled, 1..COMPILED_ROWS rows take the fused multiply + sum; one more row takes MKL's."""
+    from torchformer.nn.linear import COMPILED_ROWS
+
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(40, 24, generator=g), torch.randn(40, generator=g)
+    step = torch.compile(lambda x: linear(x, w, b), dynamic=False, fullgraph=True)
+    for rows in (1, 3, COMPILED_ROWS, COMPILED_ROWS + 1):
+        x = torch.randn(rows, 1, 24, generator=g)
+        torch.testing.assert_close(step(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
