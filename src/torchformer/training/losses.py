@@ -39,42 +39,45 @@ def token_loss(logits: Tensor, labels: Tensor, smoothing: float = 0.0) -> Tensor
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Summed label-smoothed cross-entropy of (N, V) logits, one chunk of rows at a time.
 
-    The loss of row n is lse_n - (1 - eps) * x_{n,y} - eps * mean_v x_{n,v}; its gradient is
-    softmax(x_n) - q_n. Forward keeps only the logits (already alive) and each row's logsumexp
-    (N floats); backward rebuilds softmax from them chunk by chunk and writes the gradient into
-    one (N, V) buffer. Plain F.cross_entropy keeps an fp32 log-softmax (N, V) for backward and
-    makes two more (N, V) tensors in it (the nll gradient and the log-softmax gradient), plus an
-    fp32 copy of reduced-precision logits: 3-4 logits-sized tensors at the loss, against 2 here."""
+    The loss of row n is -(1 - eps) * log p_{n,y} - eps * mean_v log p_{n,v}; its gradient is
+    softmax(x_n) - q_n. Forward keeps only the logits (already alive) and computes each chunk's
+    log-softmax in a chunk-sized temporary; backward recomputes softmax (one fused kernel) into
+    the gradient buffer itself. Plain F.cross_entropy keeps an fp32 log-softmax (N, V) for
+    backward and makes two more (N, V) tensors in it (the nll gradient and the log-softmax
+    gradient), plus an fp32 copy of reduced-precision logits: 3-4 logits-sized tensors at the
+    loss, against 2 here."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor, eps: float) -> Tensor:
         valid = labels != IGNORE
         target = torch.where(valid, labels, 0).unsqueeze(1)  # (N, 1): any class for ignored rows
-        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for rows in _chunks(logits):
-            x = logits[rows].float()  # (n, V); a view when the logits are fp32
-            lse[rows] = torch.logsumexp(x, dim=-1)
-            smoothed = (1.0 - eps) * x.gather(1, target[rows]).squeeze(1) + eps * x.mean(-1)  # sum_v q_v x_v
-            total += torch.where(valid[rows], lse[rows] - smoothed, 0.0).sum()
-        ctx.save_for_backward(logits, lse, target, valid)
+            logp = torch.log_softmax(logits[rows], dim=-1, dtype=torch.float32)  # (n, V), the chunk only
+            picked = logp.gather(1, target[rows]).squeeze(1)  # (n,): log p of the label
+            smoothed = (1.0 - eps) * picked + eps * logp.mean(-1) if eps else picked  # sum_v q_v log p_v
+            total -= torch.where(valid[rows], smoothed, 0.0).sum()
+        ctx.save_for_backward(logits, target, valid)
         ctx.eps = eps
         return total
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor):
-        logits, lse, target, valid = ctx.saved_tensors
+        logits, target, valid = ctx.saved_tensors
         eps, vocab = ctx.eps, logits.shape[-1]
-        out = torch.empty_like(logits)
-        in_place = out.dtype == torch.float32  # fp32: each chunk is computed in its rows of ``out``
-        scale = torch.where(valid, grad.float(), 0.0)  # (N,): ignored rows get no gradient
-        for rows in _chunks(logits):
-            g = out[rows] if in_place else torch.empty(out[rows].shape, dtype=torch.float32, device=out.device)
-            torch.sub(logits[rows], lse[rows, None], out=g).exp_()  # (n, V): softmax
-            g.sub_(eps / vocab).scatter_add_(1, target[rows], g.new_full(target[rows].shape, eps - 1.0))
-            g.mul_(scale[rows, None])  # softmax - q, times the incoming gradient
-            if not in_place:
+        scale = torch.where(valid, grad.float(), 0.0)[:, None]  # (N, 1): ignored rows get no gradient
+        fp32 = logits.dtype == torch.float32
+        # fp32: softmax of all rows is the gradient buffer itself; else fp32 a chunk at a time.
+        out = None if fp32 else torch.empty_like(logits)
+        for rows in [slice(None)] if fp32 else _chunks(logits):
+            g = torch.softmax(logits[rows], dim=-1, dtype=torch.float32).mul_(scale[rows])  # (n, V)
+            if eps:
+                g.sub_(scale[rows] * (eps / vocab))
+            g.scatter_add_(1, target[rows], scale[rows] * (eps - 1.0))  # (softmax - q) * grad
+            if fp32:
+                out = g
+            else:
                 out[rows] = g
         return out, None, None
 
