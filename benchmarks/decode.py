@@ -34,7 +34,7 @@ from torchformer.models.saving import unique_state
 
 SHAPE = {"vocab": 8192, "d_model": 512, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1368}
 INT4_D_FF, INT4_GROUP = 1408, 64
-LOOKUP_K = 3  # k + 1 = 4 verified rows: within nn.linear's compiled few-row path
+LOOKUP_K = 3  # default --lookup-k: k + 1 verified rows stay within nn.linear's compiled few-row path
 SYSTEMS = ("eager", "compiled", "int8", "int4", "lookup", "hf")
 # (system, batch, what the ratio is against, target) -- issue 13's targets.
 TARGETS = [
@@ -152,7 +152,7 @@ class System:
 
 def systems(args) -> list[System]:
     torch.manual_seed(0)
-    max_len = args.prompt_len + args.new_tokens + LOOKUP_K + 1
+    max_len = args.prompt_len + args.new_tokens + args.lookup_k + 1
     ours = ours_model(max_len)
     fp32 = streamed_bytes(ours)
     n = args.new_tokens
@@ -171,7 +171,7 @@ def systems(args) -> list[System]:
         out.append(System(name, 1, lambda ids: time_ours(q4, ids, n, True), streamed_bytes(q4)))
     if 1 in args.batch_sizes and "lookup" in args.systems:
         plain = System("torchformer compiled", 1, lambda ids: time_ours(ours, ids, n, True), fp32, "repetitive")
-        spec = lambda ids: time_ours(ours, ids, n, True, prompt_lookup_num_tokens=LOOKUP_K)  # noqa: E731
+        spec = lambda ids: time_ours(ours, ids, n, True, prompt_lookup_num_tokens=args.lookup_k)  # noqa: E731
         out += [plain, System("torchformer prompt lookup compiled", 1, spec, fp32, "repetitive")]
     if "hf" in args.systems:
         hf = hf_model(max_len)
@@ -221,7 +221,7 @@ def ratio(rows: list[dict], row: dict, against: str) -> float | None:
     return None if peer is None else row["tok_s"] / peer["tok_s"]
 
 
-def table(rows: list[dict], bound: float, fp32_bytes: int) -> str:
+def table(rows: list[dict], bound: float, fp32_bytes: int, lookup_k: int = LOOKUP_K) -> str:
     lines = [
         "| system | batch | prompt | prefill + 1st token (ms) | decode tokens/s | vs HF | weights read (GB/s) "
         "| of bound | acceptance |",
@@ -261,7 +261,7 @@ def table(rows: list[dict], bound: float, fp32_bytes: int) -> str:
             f"Weights read per batch-1 token: {fp32_bytes / 1e6:.1f} MB fp32 (all but the input embedding). "
             f"Machine's streaming bound (compiled row sums over a buffer of that size): {bound:.1f} GB/s, so fp32 "
             f"batch-1 decoding is bounded at ~{bound * 1e9 / fp32_bytes:.0f} tokens/s. "
-            f"Speculative rows: prompt lookup, {LOOKUP_K} tokens per round; 'vs HF' of those compares with "
+            f"Speculative rows: prompt lookup, {lookup_k} tokens per round; 'vs HF' of those compares with "
             "HF on a random prompt (HF's speed does not depend on the prompt's tokens).",
         ]
     )
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
     p.add_argument("--systems", type=lambda s: s.split(","), default=list(SYSTEMS), help=f"subset of {SYSTEMS}")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lookup-k", type=int, default=LOOKUP_K, help="prompt lookup: candidate tokens per round")
     p.add_argument("--no-write", dest="write", action="store_false", help="do not update RESULTS.md")
     args = p.parse_args([] if argv is None else argv)
     if unknown := set(args.systems) - set(SYSTEMS):
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()  # a busy machine skews every number: record how busy it was
     rows = measure(args)
     fp32_bytes = streamed_bytes(ours_model(args.prompt_len + args.new_tokens))
-    text = table(rows, streaming_bound(fp32_bytes), fp32_bytes)
+    text = table(rows, streaming_bound(fp32_bytes), fp32_bytes, args.lookup_k)
     print(text)
     if args.write:
         command = "python -m benchmarks.decode " + " ".join(argv or [])
