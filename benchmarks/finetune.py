@@ -149,8 +149,8 @@ def table(best: dict[tuple[int, str], dict]) -> str:
         mem, kept = lora["live_mb"] / full["live_mb"], lora["kept_mb"] / full["kept_mb"]
         speed = lora["tok_s"] / full["tok_s"]
         verdicts.append(
-            f"batch {batch}: live memory {mem:.2f}x ({'met' if mem <= 0.5 else 'missed'}; with freed memory "
-            f"kept {kept:.2f}x, {'met' if kept <= 0.5 else 'missed'}), "
+            f"batch {batch}: live memory {mem:.3f}x ({'met' if mem <= 0.5 else 'missed'}; with freed memory "
+            f"kept {kept:.3f}x, {'met' if kept <= 0.5 else 'missed'}), "
             f"tokens/s {speed:.2f}x ({'met' if speed >= 1.2 else 'missed'})"
         )
     return (
