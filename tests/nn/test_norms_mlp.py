@@ -58,3 +58,29 @@ def test_gated_mlp_formula():
 def test_gelu_variants_differ():
     x = torch.linspace(-3, 3, 101)
     assert (ACTS["gelu"](x) - ACTS["gelu_tanh"](x)).abs().max() > 1e-4
+
+
+def test_swiglu_keeps_two_activations_not_three_and_equals_autograd():
+    """The SiLU-gated product recomputes silu(g) in backward: same values and gradients as
+    autograd's silu(g) * u, one fewer (rows, d_ff) tensor kept per layer."""
+    import torch.nn.functional as F
+
+    from torchformer.nn.mlp import silu_times
+
+    g0, u0 = torch.randn(6, 40, dtype=torch.float64), torch.randn(6, 40, dtype=torch.float64)
+    grad = torch.randn(6, 40, dtype=torch.float64)
+
+    def run(fn):
+        g, u = g0.clone().requires_grad_(), u0.clone().requires_grad_()
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+            out = fn(g, u)
+        out.backward(grad)
+        return out.detach(), g.grad, u.grad, sum(kept)
+
+    ours, ref = run(silu_times), run(lambda g, u: F.silu(g) * u)
+    for a, b in zip(ours[:3], ref[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert ours[3] == 2 * 240 and ref[3] == 3 * 240
+    with torch.no_grad():
+        torch.testing.assert_close(silu_times(g0, u0), F.silu(g0) * u0)

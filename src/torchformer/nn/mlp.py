@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .linear import Linear
@@ -22,6 +24,35 @@ class MLP(nn.Module):
         return self.down(self.act(self.up(x)))
 
 
+class _SiluTimes(torch.autograd.Function):
+    """silu(g) * u keeping only g and u for backward: autograd would also keep silu(g), one more
+    (B, T, d_ff) activation per layer; the backward recomputes it (an elementwise pass)."""
+
+    @staticmethod
+    def forward(ctx, g: Tensor, u: Tensor) -> Tensor:
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        g, u = ctx.saved_tensors
+        sig = torch.sigmoid(g)
+        silu = g * sig
+        # d silu / d g = sigmoid(g) (1 + g (1 - sigmoid(g))), the formula of torch's silu backward
+        return grad * u * (sig * (1 + g * (1 - sig))), grad * silu
+
+
+def silu_times(g: Tensor, u: Tensor) -> Tensor:
+    if not torch.is_grad_enabled():  # nothing kept for backward: skip the Function's overhead (decoding)
+        return F.silu(g) * u
+    return _SiluTimes.apply(g, u)
+
+
+def gated_product(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    """act(g) * u, by the memory-lean SiLU form for SwiGLU (chosen once, at build time)."""
+    return silu_times if act is F.silu else (lambda g, u: act(g) * u)
+
+
 class GatedMLP(nn.Module):
     """FFN(x) = down(act(gate(x)) * up(x)): SwiGLU with act = SiLU, GeGLU with act = GELU."""
 
@@ -30,7 +61,7 @@ class GatedMLP(nn.Module):
         self.gate = Linear(d_model, d_ff, bias=bias)
         self.up = Linear(d_model, d_ff, bias=bias)
         self.down = Linear(d_ff, d_model, bias=bias)
-        self.act = act
+        self.act, self.glu = act, gated_product(act)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.glu(self.gate(x), self.up(x)))
