@@ -7,7 +7,8 @@ Eager: MKL's sgemm streams the weight much faster as (N, K) @ (K, rows) than as
 (rows, K) @ (K, N). Measured on this 2-core machine over the 43 weight matrices of the decode
 benchmark's model (92 MB, fp32, best of 10 passes): 1 row equal, 2 rows 2.3x, 8 rows 1.6x,
 32 rows 1.2x, 64 rows 1.5x faster, 128 rows equal, 256 rows 0.8x; hence 2..FEW_ROWS = 64 rows
-take that path.
+take that path. One row (batch-1 decoding), with autograd off, goes through it as a pair: the row
+and a copy of it, since sgemm on two columns outruns MKL's one-row sgemv ~2.5x (``one_row_cpu``).
 
 Compiled (torch.compile, inductor): up to COMPILED_ROWS rows, the product is written as an
 elementwise multiply and a sum over the input dimension (``rowwise_product``). Inductor turns
@@ -34,39 +35,16 @@ FEW_ROWS = 64
 COMPILED_ROWS = 12
 
 
-def _one_row_cpu():
-    """oneDNN's inner product (the op inductor's CPU mkldnn fusions call), or None without oneDNN.
+def one_row_cpu(x: Tensor) -> bool:
+    """Whether one row x takes the paired product: eager fp32 on the CPU, no autograd (training
+    keeps F.linear and its backward exactly as before).
 
-    One row in eager (batch-1 decoding, no autograd): MKL's sgemv runs single-threaded at these
-    sizes (measured: 2 threads == 1 thread, 10-15 GB/s over the decode benchmark's matrices), while
-    oneDNN splits the output rows over the threads (14-25 GB/s at 2 threads; 512x512 to 8192x512).
-    Same product, fp32 accumulation in another order: differences are reassociation only."""
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return torch.ops.mkldnn._linear_pointwise.default
-    except (AttributeError, RuntimeError):
-        return None
-
-
-ONE_ROW_CPU = _one_row_cpu()
-
-
-PLAIN = (Tensor, nn.Parameter)  # subclasses (DTensor, fake and functional tensors) keep F.linear's dispatch
-
-
-def one_row_cpu(x: Tensor, weight: Tensor) -> bool:
-    """Whether ONE_ROW_CPU takes x (one row): eager fp32 on the CPU, plain tensors, no autograd
-    (the op has no backward)."""
-    return (
-        ONE_ROW_CPU is not None
-        and x.is_cpu
-        and weight.is_cpu
-        and x.dtype == weight.dtype == torch.float32
-        and not torch.is_grad_enabled()
-        and type(x) in PLAIN
-        and type(weight) in PLAIN
-    )
+    Measured over the decode benchmark's 43 weight matrices (92 MB fp32, weights cycling, best of
+    200 interleaved passes): MKL's sgemv (F.linear with one row) streams ~11 GB/s at 1 or 2 threads,
+    while its sgemm on the row and a copy of it, W @ [x; x]^T, streams ~17 GB/s at 1 thread and
+    26-29 GB/s at 2 (oneDNN's inner product: ~11 and ~20). Same product, fp32 sums in another
+    order: reassociation only."""
+    return x.is_cpu and x.dtype == torch.float32 and not torch.is_grad_enabled()
 
 
 def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
@@ -88,9 +66,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
     if torch.compiler.is_compiling() and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
-    elif rows == 1 and one_row_cpu(x, weight):
-        return ONE_ROW_CPU(x, weight, bias, "none", [], "")  # (..., N)
-    elif rows <= 1 or rows > FEW_ROWS:  # one row: both ways stream equally, F.linear has less overhead
+    elif rows == 1 and one_row_cpu(x):
+        pair = x.reshape(1, -1).expand(2, -1).contiguous()  # (2, K): the row twice (one_row_cpu)
+        out = (weight @ pair.t())[:, 0].contiguous()  # (N, K) @ (K, 2) -> (N, 2) -> first column (N,)
+    elif rows <= 1 or rows > FEW_ROWS:  # one row with autograd (or not fp32 CPU): F.linear, as before
         return F.linear(x, weight, bias)
     else:
         out = (weight @ x.reshape(rows, -1).t()).t().contiguous()  # (N, K) @ (K, rows) -> (rows, N)
