@@ -67,8 +67,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     if torch.compiler.is_compiling() and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
     elif rows == 1 and one_row_cpu(x):
-        pair = x.reshape(1, -1).expand(2, -1).contiguous()  # (2, K): the row twice (one_row_cpu)
-        out = (weight @ pair.t())[:, 0].contiguous()  # (N, K) @ (K, 2) -> (N, 2) -> first column (N,)
+        row = x.reshape(1, -1)  # (1, K)
+        pair = torch.cat([row, row])  # (2, K): the row twice (one_row_cpu)
+        out = torch.mm(weight, pair.t())[:, 0].contiguous()  # (N, K) @ (K, 2) -> (N, 2) -> first column (N,)
     elif rows <= 1 or rows > FEW_ROWS:  # one row with autograd (or not fp32 CPU): F.linear, as before
         return F.linear(x, weight, bias)
     else:
