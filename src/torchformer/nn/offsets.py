@@ -36,6 +36,7 @@ from .backends import math_attention, sdpa_attention
 from .patterns import Pattern
 
 CHUNK = 512  # queries per kernel call: fastest of 128/256/512 at T = 8192 here (forward + backward)
+BAND_CHUNK = 128  # queries per band tile of the learned bias' gradient: a few (B, H, 128, 128 + 2 reach) fp32
 _FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
@@ -90,25 +91,19 @@ def tile(u: Tensor, g: int, G: int, q0: int, q1: int, k0: int, k1: int, T: int) 
     return u.as_strided((1, K, q1 - q0, k1 - k0), (0, G * L, 1, 1), u.storage_offset() + g * L + k0 - q1 + T)
 
 
-def reversed_forward(qr: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
-    """The chunked fused forward on the queries in reverse order (qr = q.flip(2): each chunk is then
-    a slice, reversed within as ``tile`` needs): (out, lse (B, H, T) fp32), also reversed; rows that
-    see nothing give 0."""
-    B, H, T, _ = qr.shape
+def flash_forward(q: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
+    """Chunked fused forward: (out (B, H, T, E), lse (B, H, T) fp32); rows that see nothing give 0.
+    Each chunk's queries go in reversed (a copy of C rows), as ``tile`` needs."""
+    B, H, T, _ = q.shape
     G = H // k.shape[1]
-    out, lse = qr.new_zeros(B, H, T, v.shape[-1]), torch.zeros(B, H, T, device=qr.device)
+    out, lse = q.new_zeros(B, H, T, v.shape[-1]), torch.zeros(B, H, T, device=q.device)
     for g in range(G):
         for q0, q1, k0, k1 in chunks(T, k.shape[2], lo, hi):
-            rows = (slice(None), slice(g, None, G), slice(T - q1, T - q0))
-            out[rows], lse[rows] = _FORWARD(qr[rows], k[:, :, k0:k1], v[:, :, k0:k1], 0.0, False,
-                                            attn_mask=tile(u, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
+            rows = (slice(None), slice(g, None, G), slice(q0, q1))
+            o, m = _FORWARD(q[rows].flip(2), k[:, :, k0:k1], v[:, :, k0:k1], 0.0, False,
+                            attn_mask=tile(u, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
+            out[rows], lse[rows] = o.flip(2), m.flip(2)
     return out, lse
-
-
-def flash_forward(q: Tensor, k: Tensor, v: Tensor, u: Tensor, lo: int, hi: int, scale: float):
-    """(out (B, H, T, E), lse (B, H, T)) in the natural query order."""
-    out, lse = reversed_forward(q.flip(2), k, v, u, lo, hi, scale)
-    return out.flip(2), lse.flip(2)
 
 
 class _OffsetAttention(torch.autograd.Function):
@@ -116,33 +111,30 @@ class _OffsetAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, u, lo, hi, reach, scale):
-        qr = q.flip(2)
-        out, lse = reversed_forward(qr, k, v, u.detach().to(q.dtype), lo, hi, scale)
-        ctx.save_for_backward(qr, k, v, u, out, lse)
+        out, lse = flash_forward(q, k, v, u.detach().to(q.dtype), lo, hi, scale)
+        ctx.save_for_backward(q, k, v, u, out, lse)
         ctx.args = (lo, hi, reach, scale)
-        return out.flip(2)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
-        qr, k, v, u, out, lse = ctx.saved_tensors  # queries, outputs and lse in reverse order
+        q, k, v, u, out, lse = ctx.saved_tensors
         lo, hi, reach, scale = ctx.args
-        B, H, T, _ = qr.shape
+        B, H, T, _ = q.shape
         G = H // k.shape[1]
-        um, dr = u.detach().to(qr.dtype), dout.flip(2)
-        dq, dk, dv = torch.zeros_like(qr), torch.zeros_like(k), torch.zeros_like(v)
+        um, dout = u.detach().to(q.dtype), dout.contiguous()  # an expanded dout would flip slowly
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for g in range(G):
             for q0, q1, k0, k1 in chunks(T, k.shape[2], lo, hi):
-                rows = (slice(None), slice(g, None, G), slice(T - q1, T - q0))
-                a, b, c = _BACKWARD(dr[rows], qr[rows], k[:, :, k0:k1], v[:, :, k0:k1], out[rows], lse[rows],
-                                    0.0, False, attn_mask=tile(um, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
-                dq[rows] = a
+                rows = (slice(None), slice(g, None, G), slice(q0, q1))
+                a, b, c = _BACKWARD(dout[rows].flip(2), q[rows].flip(2), k[:, :, k0:k1], v[:, :, k0:k1],
+                                    out[rows].flip(2), lse[rows].flip(2), 0.0, False,
+                                    attn_mask=tile(um, g, G, q0, q1, k0, k1, T), scale=scale)  # fmt: skip
+                dq[rows] = a.flip(2)
                 dk[:, :, k0:k1] += b
                 dv[:, :, k0:k1] += c
-        du = None
-        if ctx.needs_input_grad[3]:
-            flip = [t.flip(2) for t in (qr, out, lse)]
-            du = bias_grad(flip[0], k, v, u.detach(), flip[1], flip[2], dout, lo, hi, reach, scale)
-        return dq.flip(2), dk, dv, du, None, None, None, None
+        du = bias_grad(q, k, v, u.detach(), out, lse, dout, lo, hi, reach, scale) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, du, None, None, None, None
 
 
 def bias_grad(q, k, v, u, out, lse, dout, lo, hi, reach, scale) -> Tensor:
@@ -151,11 +143,11 @@ def bias_grad(q, k, v, u, out, lse, dout, lo, hi, reach, scale) -> Tensor:
     B, H, T, E = q.shape
     K, S = k.shape[1], k.shape[2]
     G = H // K
-    qf, kf, vf, df = q.float(), k.float(), v.float(), dout.float().contiguous()  # dout may be expanded
+    qf, kf, vf, df = q.float(), k.float(), v.float(), dout.float()
     delta = (df * out.float()).sum(-1)  # (B, H, T): rowsum(dO * O)
     du = torch.zeros_like(u)
-    for q0 in range(0, T, CHUNK):
-        q1 = min(T, q0 + CHUNK)
+    for q0 in range(0, T, BAND_CHUNK):
+        q1 = min(T, q0 + BAND_CHUNK)
         k0, k1 = max(0, q0 - reach + 1, q0 + lo), min(S, q1 + reach - 1, q1 + hi)
         if k1 <= k0:
             continue
