@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 FEW_ROWS = 64
-# Measured over the decode benchmark's 43 matrices (92 MB fp32, 2 threads, compiled, best of 8
-# interleaved rounds; /tmp/exp_rows3.py of 2026-12-01): the fused loop against MKL's W @ x^T takes
-# 3.8 vs 5.7 ms at 5 rows, 5.2 vs 7.2 at 8, 9.2 vs 13.1 at 12, 10.9 vs 10.5 at 16 rows (splitting
-# the rows into loops of 3 or 4 was no faster); MKL takes over above 12 rows.
-COMPILED_ROWS = 12
+# Measured over the decode benchmark's matrices (fp32, 2 threads): the fused loop streams 19-26 GB/s
+# for 1-4 rows; from 5 rows on it falls below MKL's W @ x^T (register pressure), which takes over.
+# (An isolated loop over the 43 matrices looked faster at 8 rows, 5.2 vs 7.2 ms, but in the compiled
+# decode step at batch 8 up-to-12 fused rows gave 474-481 tok/s against 559 with this limit.)
+COMPILED_ROWS = 4
 
 
 def one_row_cpu(x: Tensor) -> bool:
