@@ -120,3 +120,13 @@ def dense_inputs(mask: Tensor | None, bias: Tensor | None, is_causal: bool, patt
     if mask is None and bias is None and not is_causal and pattern is not None:
         return pattern.dense()
     return mask, bias
+
+
+def dense_fallback(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, *, scale: float, dropout_p: float,
+                   softcap: float | None) -> Tensor:  # fmt: skip
+    """The pattern's dense form through the reference with dropout (no fused path has in-kernel
+    dropout) or SDPA without (inside an outer torch.compile, where flex / offsets cannot run on
+    CPU): exact either way, for the in-kernel paths to fall back on."""
+    mask, bias = pattern.dense()
+    backend = math_attention if dropout_p > 0.0 else sdpa_attention
+    return backend(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, softcap=softcap)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .backends import math_attention, sdpa_attention
+from .backends import dense_fallback
 from .flex_grad import tiled_backward
 from .patterns import Pattern, Rule, from_dense
 
@@ -193,15 +193,11 @@ def flex_attention(
     flex uses; dense mask/bias/is_causal are accepted for direct calls and wrapped as rules."""
     if pattern is None or mask is not None or bias is not None:
         pattern = from_dense(q, k, mask, bias, is_causal)
-    if dropout_p > 0.0:
-        mask, bias = pattern.dense()
-        return math_attention(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, softcap=softcap)
-    if q.is_cpu and torch.compiler.is_compiling():
-        # Inside an outer torch.compile (the compiled decode step), torch 2.13's CPU flex template
-        # fails to lower ("not enough values to unpack"); the dense form is exact and, for the
-        # few query rows of a decode step, small.
-        mask, bias = pattern.dense()
-        return sdpa_attention(q, k, v, mask=mask, bias=bias, scale=scale, softcap=softcap)
+    # Dropout: FlexAttention has none in-kernel. Inside an outer torch.compile (the compiled decode
+    # step), torch 2.13's CPU flex template fails to lower ("not enough values to unpack"); the
+    # dense form is exact and, for the few query rows of a decode step, small.
+    if dropout_p > 0.0 or (q.is_cpu and torch.compiler.is_compiling()):
+        return dense_fallback(q, k, v, pattern, scale=scale, dropout_p=dropout_p, softcap=softcap)
     blocks = pattern.blocks if pattern.blocks is not None else build_blocks(pattern)
     params = tuple(p for p in pattern.params if p.requires_grad)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or params):

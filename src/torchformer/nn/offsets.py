@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .backends import math_attention, sdpa_attention
+from .backends import dense_fallback
 from .patterns import Pattern
 
 CHUNK = 512  # queries per kernel call: fastest of 128/256/512 at T = 8192 here (forward + backward)
@@ -48,7 +48,6 @@ class Offsets:
     u: Tensor  # (H, L) bias, -inf where masked; carries the learned bias' graph
     lo: int  # smallest visible offset
     hi: int  # largest visible offset
-    reach: int | None  # a learned bias is constant beyond +-reach (None: nothing learned)
 
 
 def applies(pattern: Pattern | None, softcap: float | None) -> bool:
@@ -72,7 +71,7 @@ def offset_vector(pattern: Pattern) -> Offsets:
     u = u.masked_fill(~visible, float("-inf")).contiguous()
     seen = visible.nonzero().flatten()
     lo, hi = (0, -1) if seen.numel() == 0 else (int(seen[0]) - (T - 1), int(seen[-1]) - (T - 1))
-    return Offsets(u, lo, hi, pattern.reach)
+    return Offsets(u, lo, hi)
 
 
 def chunks(T: int, S: int, lo: int, hi: int) -> Iterator[tuple[int, int, int, int]]:
@@ -197,11 +196,9 @@ def offset_attention(
     """The backends' signature for a pattern ``applies`` accepted (``pattern.offsets`` built)."""
     if dropout_p > 0.0 or torch.compiler.is_compiling():
         # No dropout inside the fused CPU kernel; inside an outer torch.compile the chunk loop
-        # would unroll: the dense forms are exact.
-        mask, bias = pattern.dense()
-        backend = math_attention if dropout_p > 0.0 else sdpa_attention
-        return backend(q, k, v, mask=mask, bias=bias, scale=scale, dropout_p=dropout_p, softcap=softcap)
+        # would unroll.
+        return dense_fallback(q, k, v, pattern, scale=scale, dropout_p=dropout_p, softcap=softcap)
     off = pattern.offsets
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or off.u.requires_grad):
-        return _OffsetAttention.apply(q, k, v, off.u, off.lo, off.hi, off.reach, scale)
+        return _OffsetAttention.apply(q, k, v, off.u, off.lo, off.hi, pattern.reach, scale)
     return flash_forward(q, k, v, off.u.to(q.dtype), off.lo, off.hi, scale)[0]
