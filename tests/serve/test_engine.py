@@ -13,7 +13,6 @@ import torchformer as tfm
 from tests.grid import build, params, variants
 from tests.serve.conftest import make_engine, wait_until
 from torchformer.generation.request import sampling_options
-from torchformer.serve.engine import compiled_span
 from torchformer.serve.jobs import Delta, Done, Failed
 from torchformer.serve.protocol import APIError, Params
 
@@ -258,14 +257,9 @@ def test_engine_arguments_are_checked():
         make_engine(None, request_timeout=0)
 
 
-def test_compiled_steps_attend_over_power_of_two_spans():
-    assert [compiled_span(p, 512) for p in (1, 64, 65, 128, 129, 300, 512)] == [64, 64, 128, 128, 256, 512, 512]
-    assert compiled_span(30, 40) == 40  # never past the cache
-
-
 @pytest.mark.slow
 def test_compiled_step_serves_what_generate_gives(tiny):
-    """--compile: every step runs all R rows through one compiled graph per power-of-two span."""
+    """--compile: every step runs all R rows over the whole cache through one compiled graph."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -285,8 +279,9 @@ def test_compiled_step_serves_what_generate_gives(tiny):
     for p, sink in zip(prompts, sinks):
         assert sink.tokens == generate_alone(tiny, p, n, {})
     assert late.tokens == generate_alone(tiny, [3, 2, 1], n, {"temperature": 0.7, "seed": 2})
-    # all rows, the smallest span (prompts + 8 tokens < 64 slots): one shape of step
-    assert list(engine.views) == [(3, min(64, tiny.config.max_seq_len))]
+    # all rows, all slots: one shape of step, one graph
+    assert list(engine.views) == [(3, tiny.config.max_seq_len)]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
 def test_a_stuck_engine_is_not_healthy(tiny):

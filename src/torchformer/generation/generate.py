@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ..nn.packed import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process
 from .speculative import SpeculativeStream
@@ -55,26 +56,28 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
     was chosen from. Finished rows yield pad_token_id. Both are inference tensors (clone them to
     use them in autograd)."""
-    logits, cache, pos, prefix = prefill(model, req)
-    step = step_function(req.seq2seq, compiled)
-    history = None
-    if s.needs_history:
-        mask = None if req.seq2seq else req.attention_mask
-        history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
-    finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
-    for i in range(req.max_new_tokens):
-        logits = logits.float() if history is None else history.process(logits.float(), s)
-        tok = choose(logits, s, generator)
-        if req.eos is not None:
-            tok = tok.masked_fill(finished, req.pad_token_id)
-            finished = finished | torch.isin(tok, req.eos)
-        if history is not None:
-            history.add(tok)
-        yield tok, logits
-        if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
-            return
-        logits = step(model, tok[:, None], pos, cache)
-        pos = pos + 1
+    # A batch's few-row products run through oneDNN over packed weights (nn/packed.py), freed at the end.
+    with packed(model, req.input_ids.shape[0]):
+        logits, cache, pos, prefix = prefill(model, req)
+        step = step_function(req.seq2seq, compiled)
+        history = None
+        if s.needs_history:
+            mask = None if req.seq2seq else req.attention_mask
+            history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
+        finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
+        for i in range(req.max_new_tokens):
+            logits = logits.float() if history is None else history.process(logits.float(), s)
+            tok = choose(logits, s, generator)
+            if req.eos is not None:
+                tok = tok.masked_fill(finished, req.pad_token_id)
+                finished = finished | torch.isin(tok, req.eos)
+            if history is not None:
+                history.add(tok)
+            yield tok, logits
+            if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
+                return
+            logits = step(model, tok[:, None], pos, cache)
+            pos = pos + 1
 
 
 def stream(

@@ -131,13 +131,14 @@ class Stack(nn.Module):
         docs = None if document_ids is None else same_document(document_ids, document_ids)
         bias = None if self.score_bias is None else self.score_bias.rule(pos, k_pos)
         aligned = aligned and cache is None and keys is None and docs is None
-        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None, aligned)
+        live = None if cache is None else pos.max() + 1  # slots past the highest query are dead (nn/prefix.py)
+        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None, aligned, live)
         ctxs = tuple(self.kind_context(pos, kind.rope, kind.window, shared) for kind in (self, *self.kinds))
         return ctxs[0]._replace(by_kind=ctxs)
 
     def kind_context(self, pos: Tensor, rope: nn.Module | None, size: int | None, shared: tuple) -> AttnInputs:
         """One kind's context: the shared rules plus this kind's window and RoPE rows."""
-        B, T, k_pos, slots, order, keys, docs, bias, no_cache, aligned = shared
+        B, T, k_pos, slots, order, keys, docs, bias, no_cache, aligned, live = shared
         near = None if size is None else window(pos, k_pos, size)
         fast = order is not None and no_cache and keys is None and near is None and docs is None and bias is None
         mask = all_of([order, keys, near, docs])
@@ -147,7 +148,7 @@ class Stack(nn.Module):
             reach = getattr(self.score_bias, "reach", None) if params else None
             pattern = Pattern(mask, bias, B, self.n_heads, T, k_pos.shape[1], pos.device,
                               key_only=order is None and near is None and docs is None, params=params,
-                              aligned=aligned, reach=reach)  # fmt: skip
+                              aligned=aligned, reach=reach, live=live)  # fmt: skip
         rows = None if rope is None else rope(pos)
         return self.prepare(AttnInputs(rope=rows, mask=None, bias=None, is_causal=fast, slots=slots, pattern=pattern))
 

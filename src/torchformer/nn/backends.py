@@ -12,6 +12,18 @@ scaled scores before the bias (Gemma 2); SDPA has no hook for it, so a soft-capp
 ``sdpa_attention`` computes explicit scores through the reference. ``pattern`` (nn/patterns.py)
 carries the rules the stack built; a backend given no dense mask/bias but a pattern (the
 recorder's math on a flex model, a backend swapped in by verify) evaluates it densely once.
+
+A cached step attends only over the cache slots some query can see. The static cache has
+S_max + 1 slots whatever the step (nn/kv_cache.py), so a compiled decode step keeps one shape and
+never recompiles; but a query at position p sees slots <= p only, and a dense-mask SDPA still
+streams the rest: at batch 8 over the decode benchmark's 320-slot cache, early in a generation,
+that was ~3.4 ms of a 12 ms compiled step (profile). So ``sdpa_attention`` on the CPU without
+autograd hands a cached step (``Pattern.live``: max position + 1, a 0-d tensor computed in the
+graph) to the custom op ``torchformer::prefix_sdpa``, which reads that count (a host read: CPU
+only, where it costs nothing) and runs the same SDPA over that prefix of keys, mask and bias.
+torch.compile sees an opaque op: one graph for every step, each step the work of its real length.
+The slots cut off are masked for every query (exact zero weights), so only the kernel's blocking
+of the sums changes (fp32 reassociation). ``math_attention`` stays the plain reference.
 """
 
 from __future__ import annotations
@@ -81,6 +93,8 @@ def sdpa_attention(
         return math_attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
                               dropout_p=dropout_p, softcap=softcap, pattern=pattern)  # fmt: skip
     mask, bias = dense_inputs(mask, bias, is_causal, pattern)
+    if pattern is not None and pattern.live is not None and prefix_applies(q, is_causal, dropout_p):
+        return torch.ops.torchformer.prefix_sdpa(q, k, v, mask, bias, pattern.live, scale)
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and (T != S or bias is not None or mask is not None):
         # SDPA's own is_causal aligns the triangle top-left when T != S and refuses an extra mask;
@@ -106,6 +120,26 @@ def sdpa_attention(
         # there, and NaN * 0 is NaN, so select instead of multiplying.
         out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     return out
+
+
+def prefix_applies(q: Tensor, is_causal: bool, dropout_p: float) -> bool:
+    """Whether a cached step's SDPA may cut the cache to its live prefix (module docstring)."""
+    return q.is_cpu and not is_causal and dropout_p == 0.0 and not torch.is_grad_enabled()
+
+
+@torch.library.custom_op("torchformer::prefix_sdpa", mutates_args=())
+def prefix_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, live: Tensor,
+                scale: float) -> Tensor:  # fmt: skip
+    """sdpa_attention of q (B, H, T, E) over the first ``live`` of the S slots of k, v (B, K, S, E)."""
+    n = int(live)
+    mask = None if mask is None else mask[..., :n]  # (B, 1, T, n)
+    bias = None if bias is None else bias[..., :n]  # (B, H, T, n)
+    return sdpa_attention(q, k[:, :, :n], v[:, :, :n], mask=mask, bias=bias, scale=scale)
+
+
+@prefix_sdpa.register_fake
+def _(q, k, v, mask, bias, live, scale):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 def causal_triangle(T: int, S: int, device: torch.device, mask: Tensor | None) -> Tensor:

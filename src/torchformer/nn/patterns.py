@@ -89,7 +89,8 @@ class Pattern:
     sit at the same positions (self-attention, no cache, padding or documents), so each rule is a
     function of (h, kv - q) only; ``reach``: a learned bias no longer varies with kv - q beyond
     +-reach (T5's max_distance). ``offsets`` holds that form when the chosen path uses it
-    (nn/offsets.py).
+    (nn/offsets.py). ``live``: in a cached step, the number of cache slots any query can see (a
+    0-d tensor, max position + 1); the slots beyond are masked for every query (nn/prefix.py).
     """
 
     mask: Rule | None
@@ -105,6 +106,7 @@ class Pattern:
     aligned: bool = False
     reach: int | None = None
     offsets: object | None = None
+    live: Tensor | None = None
     route: Callable[..., Tensor] | None = None
     _dense: tuple[Tensor | None, Tensor | None] | None = field(default=None, repr=False)
 

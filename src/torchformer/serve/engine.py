@@ -4,12 +4,13 @@ Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled
 requests, admit waiting ones FIFO into free rows (each prompt is prefilled alone into its row
 of the cache), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
 highest busy row; all R when compiled). Rows without a request feed a dummy token whose
-key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps attend
-only over the key slots in use, rounded up to a multiple of SPAN; compiled ones over the next
-power of two of them (at least SPAN): one graph per power, a handful per model, each compiled
-the first time a request reaches it, instead of every step attending over all of max_len. A freed row is reused without
-clearing: the cache mask is built from positions, so the stale keys beyond the new prompt are
-invisible until overwritten (each decode token writes its slot before attending).
+key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps take
+the key slots in use, rounded up to a multiple of SPAN; compiled ones the whole cache, one graph
+for the engine's life: on the CPU, SDPA reads only the slots some query can see either way
+(nn/backends.py, ``prefix_sdpa``). The projections' weights are packed for oneDNN while the engine
+runs (nn/packed.py: ~1.6x faster few-row products; a second copy of the weights). A freed row is
+reused without clearing: the cache mask is built from positions, so the stale keys beyond the new
+prompt are invisible until overwritten (each decode token writes its slot before attending).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache, LayerCache
+from ..nn.packed import packed
 from .jobs import Event, Job
 from .metrics import Metrics
 from .protocol import APIError, Params
@@ -39,11 +41,6 @@ SPAN = 64  # attended key slots come in multiples of this: few shapes, little at
 def span(positions: int, max_len: int) -> int:
     """Key slots to attend over when positions 0..positions-1 are in use."""
     return min(max_len, -(-positions // SPAN) * SPAN)
-
-
-def compiled_span(positions: int, max_len: int) -> int:
-    """Key slots a compiled step attends over: the next power of two >= positions, >= SPAN."""
-    return min(max_len, max(SPAN, 1 << (positions - 1).bit_length()))
 
 
 def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
@@ -187,28 +184,28 @@ class Engine:
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = decode_rows
                 if self.compile:
-                    from torch._dynamo import config as dynamo_settings
-
-                    spans = cfg.max_seq_len.bit_length()  # at most one graph per power of two
-                    dynamo_settings.recompile_limit = max(dynamo_settings.recompile_limit, spans + 1)
                     self.step_fn = torch.compile(decode_rows, dynamic=False, fullgraph=True)
-                self.beat, self.ready = time.monotonic(), True
-                log.info("engine ready: %d slots, context %d", self.slots, self.context)
-                while not self.stopping:
-                    self.beat = time.monotonic()
-                    self.drop()
-                    self.admit()
-                    if self.running:
-                        self.step()
-                    else:
-                        with self.wake:
-                            if not self.waiting and not self.stopping:
-                                self.wake.wait(0.5)
+                with packed(self.model, self.slots):
+                    self.beat, self.ready = time.monotonic(), True
+                    log.info("engine ready: %d slots, context %d", self.slots, self.context)
+                    self.loop()
         except BaseException as err:  # noqa: BLE001 - any death is reported by /health and to the requests
             self.error = err
             log.exception("the serving engine died")
         finally:
             self.fail_all(APIError(500, f"the serving engine stopped: {self.error!r}", type="server_error"))
+
+    def loop(self) -> None:
+        while not self.stopping:
+            self.beat = time.monotonic()
+            self.drop()
+            self.admit()
+            if self.running:
+                self.step()
+            else:
+                with self.wake:
+                    if not self.waiting and not self.stopping:
+                        self.wake.wait(0.5)
 
     def fail_all(self, error: APIError) -> None:
         with self.wake:
@@ -262,13 +259,12 @@ class Engine:
     def step(self) -> None:
         """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
         jobs = [j for j in self.rows if j is not None]
-        # Only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a lone
-        # short request costs a one-row step over a short cache, not an R-row one over max_len.
-        # Compiled, every step has all R rows and a power-of-two span: one graph per power.
-        n, top = self.slots, max(j.pos for j in jobs)
-        length = compiled_span(top, self.cache.max_len)
+        # Eager: only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a
+        # lone short request costs a one-row step over a short cache, not an R-row one over max_len.
+        # Compiled: every step all R rows and all slots, one graph (module docstring).
+        n, length = self.slots, self.cache.max_len
         if not self.compile:
-            n, length = 1 + max(j.row for j in jobs), span(top, self.cache.max_len)
+            n, length = 1 + max(j.row for j in jobs), span(max(j.pos for j in jobs), self.cache.max_len)
         if (n, length) not in self.views:
             self.views[n, length] = rows_view(self.cache, 0, n, length)
         rows = self.rows[:n]

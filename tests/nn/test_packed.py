@@ -1,0 +1,117 @@
+"""nn/packed.py: few-row products through oneDNN over packed weights equal F.linear, eager and
+compiled; a weight changed after packing is never multiplied stale; packing is scoped."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchformer.nn import packed as P
+from torchformer.nn.linear import COMPILED_ROWS, Linear
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+
+
+def model(d_in=40, d_out=24, bias=True):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(Linear(d_in, d_out, bias=bias), torch.nn.ReLU(), Linear(d_out, d_in, bias=bias))
+
+
+def count_packed_calls(monkeypatch) -> list[int]:
+    """Spy on the op's lookup: one entry per product that found its packed copy."""
+    found, current = [], P.current
+
+    def spy(weight):
+        data = current(weight)
+        found.append(data is not None)
+        return data
+
+    monkeypatch.setattr(P, "current", spy)
+    return found
+
+
+@pytest.mark.parametrize("lead", [(3,), (5,), (8, 1), (2, 4), (16,), (64,), (130,)])
+@pytest.mark.parametrize("bias", [True, False])
+@torch.inference_mode()
+def test_packed_products_equal_f_linear(lead, bias, monkeypatch):
+    m = model(bias=bias)
+    x = torch.randn(*lead, 40)
+    found = count_packed_calls(monkeypatch)
+    with P.packed(m, rows=8):
+        assert all(lin.prepacked for lin in (m[0], m[2]))
+        out = m(x)
+    assert found == [True, True]  # both products went through their packed copies
+    want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    assert not m[0].prepacked and not P._COPIES  # scoped: nothing kept after the block
+
+
+@torch.inference_mode()
+def test_compiled_products_above_compiled_rows_go_through_the_packed_copy(monkeypatch):
+    m = model()
+    found = count_packed_calls(monkeypatch)
+    torch._dynamo.reset()
+    try:
+        with P.packed(m, rows=8):
+            step = torch.compile(m, dynamic=False, fullgraph=True)
+            for rows in (COMPILED_ROWS + 1, 8, 16):
+                x = torch.randn(rows, 40)
+                want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
+                torch.testing.assert_close(step(x), want, rtol=1e-5, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
+    assert found and all(found) and len(found) == 6  # two products per call, three row counts
+
+
+def test_a_weight_changed_after_packing_is_not_multiplied_stale():
+    m = model()
+    x = torch.randn(8, 40)
+    with P.packed(m, rows=8):
+        with torch.no_grad():
+            m[0].weight.mul_(-2.0)  # an in-place update (optimizer step, load_state_dict's copy_)
+        assert P.current(m[0].weight) is None and P.current(m[2].weight) is not None
+        with torch.inference_mode():
+            want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
+            torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_packing_is_scoped_and_nests():
+    m = model()
+    with P.packed(m, rows=2):  # too few rows to pay: nothing packed
+        assert not m[0].prepacked and not P._COPIES
+    with P.packed(m, rows=8):
+        with P.packed(m, rows=8):  # already packed: the inner block leaves the outer's copies alone
+            pass
+        assert m[0].prepacked and P.current(m[0].weight) is not None
+    assert not m[0].prepacked and not P._COPIES
+    m64 = model().double()
+    with P.packed(m64, rows=8):  # only fp32 CPU weights are packed
+        assert not m64[0].prepacked and not P._COPIES
+
+
+def test_products_under_autograd_keep_f_linear_and_its_backward():
+    m = model()
+    x = torch.randn(8, 40, requires_grad=True)
+    with P.packed(m, rows=8):
+        out = m(x)
+        out.sum().backward()
+    ref_m = model()
+    x2 = x.detach().clone().requires_grad_(True)
+    ref_m(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+    torch.testing.assert_close(m[0].weight.grad, ref_m[0].weight.grad)
+
+
+@pytest.mark.parametrize("batch", [3, 8])
+def test_generate_with_packed_weights_equals_without(batch, monkeypatch):
+    import torchformer as tfm
+
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
+    net = tfm.build_model(cfg).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 97, (batch, 9), generator=g)
+    found = count_packed_calls(monkeypatch)
+    packed_out = tfm.generate(net, ids, max_new_tokens=12)
+    assert found and all(found) and not P._COPIES  # packed while generating, freed after
+    monkeypatch.setattr(P, "MIN_ROWS", 10**6)  # packing off
+    plain_out = tfm.generate(net, ids, max_new_tokens=12)
+    assert torch.equal(packed_out, plain_out)
