@@ -6,8 +6,10 @@ weight 0: NaN * 0 = NaN) would return NaN; the poisoned cached run equals the fu
 import pytest
 import torch
 
+from torchformer.nn import backends
+
 from .. import grid
-from .test_cache import T, TOL, chunked, full_fn, step_fn
+from .test_cache import TOL, T, chunked, full_fn, step_fn
 
 SDPA_ROWS = [v for v in grid.variants(("decoder", "encoder_decoder")) if v["backend"] == "sdpa"]
 
@@ -21,6 +23,7 @@ def poison(cache) -> None:
 @pytest.mark.parametrize("v", **grid.params(SDPA_ROWS))
 @torch.inference_mode()
 def test_poisoned_dead_slots_are_never_read(v, monkeypatch):
+    monkeypatch.setattr(backends, "PREFIX_MIN_BYTES", 0)  # grid caches are tiny: take the cut anyway
     model = grid.build(v)
     ids = torch.randint(0, grid.VOCAB, (2, T))
     src = grid.source(2)
@@ -53,11 +56,13 @@ def test_the_cached_context_counts_the_live_slots():
     assert uncached is None or uncached.live is None
 
 
-def test_with_autograd_the_cached_step_reads_the_whole_cache():
-    """The custom op has no backward: a cached step under autograd keeps the dense SDPA."""
-    from torchformer.nn.backends import prefix_applies
-
-    q = torch.zeros(1, 1, 1, 4)
-    assert not prefix_applies(q, False, 0.0)
+def test_when_the_cached_step_keeps_the_whole_cache():
+    """The custom op has no backward: under autograd a cached step keeps the dense SDPA; so does a
+    cache small enough to stream faster than the op's overhead."""
+    q = torch.zeros(1, 8, 1, 64)
+    big, small = torch.zeros(1, 8, 2048, 64), torch.zeros(1, 8, 320, 64)  # 4 MiB and 0.6 MiB of keys
+    assert not backends.prefix_applies(q, False, 0.0, big)  # autograd on
     with torch.no_grad():
-        assert prefix_applies(q, False, 0.0) and not prefix_applies(q, True, 0.0) and not prefix_applies(q, False, 0.1)
+        assert backends.prefix_applies(q, False, 0.0, big)
+        assert not backends.prefix_applies(q, False, 0.0, small)
+        assert not backends.prefix_applies(q, True, 0.0, big) and not backends.prefix_applies(q, False, 0.1, big)

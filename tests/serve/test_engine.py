@@ -263,6 +263,7 @@ def test_compiled_step_serves_what_generate_gives(tiny):
     import torch._dynamo
 
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     engine = make_engine(tiny, slots=3, compile=True)
     try:
         prompts, n = [[5, 6, 7], [9, 1], [4, 4, 4, 4]], 8

@@ -21,7 +21,7 @@ from ..nn.packed import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process
 from .speculative import SpeculativeStream
-from .steps import prefill, step_function
+from .steps import prefill, steady, step_function
 
 
 class History:
@@ -59,7 +59,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     # A batch's few-row products run through oneDNN over packed weights (nn/packed.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
         logits, cache, pos, prefix = prefill(model, req)
-        step = step_function(req.seq2seq, compiled)
+        step = steady(step_function(req.seq2seq, compiled), compiled)
         history = None
         if s.needs_history:
             mask = None if req.seq2seq else req.attention_mask

@@ -77,3 +77,25 @@ def step_function(seq2seq: bool, compiled: bool, fn=None):
     if fn.__name__ not in _COMPILED:
         _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True)
     return _COMPILED[fn.__name__]
+
+
+def steady(step, compiled: bool):
+    """``step`` (compiled) for one decode loop of fixed shapes: the first call evaluates dynamo's guards in full (and
+    compiles if needed); the later calls evaluate only the guards that tell its cached graphs
+    apart (``skip_guard_eval_unsafe``). The loop feeds the same model, cache and shapes every
+    call, with only tensor values changing, so the full guards would pass each time; evaluating
+    them was ~0.35 ms of a 4.7 ms compiled batch-1 step (profile). Not for loops whose shapes
+    change (speculative chunks): a graph for a shape never seen would not be told apart."""
+    if not compiled:
+        return step
+    first = True
+
+    def call(*args):
+        nonlocal first
+        if first:
+            first = False
+            return step(*args)
+        with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
+            return step(*args)
+
+    return call

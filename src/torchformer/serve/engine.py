@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..generation.steps import steady
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache, LayerCache
 from ..nn.packed import packed
@@ -183,8 +184,8 @@ class Engine:
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = decode_rows
-                if self.compile:
-                    self.step_fn = torch.compile(decode_rows, dynamic=False, fullgraph=True)
+                if self.compile:  # one shape for the engine's life: later calls skip the full guards
+                    self.step_fn = steady(torch.compile(decode_rows, dynamic=False, fullgraph=True), True)
                 with packed(self.model, self.slots):
                     self.beat, self.ready = time.monotonic(), True
                     log.info("engine ready: %d slots, context %d", self.slots, self.context)
