@@ -13,17 +13,18 @@ scaled scores before the bias (Gemma 2); SDPA has no hook for it, so a soft-capp
 carries the rules the stack built; a backend given no dense mask/bias but a pattern (the
 recorder's math on a flex model, a backend swapped in by verify) evaluates it densely once.
 
-A cached step attends only over the cache slots some query can see. The static cache has
-S_max + 1 slots whatever the step (nn/kv_cache.py), so a compiled decode step keeps one shape and
-never recompiles; but a query at position p sees slots <= p only, and a dense-mask SDPA still
-streams the rest: at batch 8 over the decode benchmark's 320-slot cache, early in a generation,
-that was ~3.4 ms of a 12 ms compiled step (profile). So ``sdpa_attention`` on the CPU without
-autograd hands a cached step (``Pattern.live``: max position + 1, a 0-d tensor computed in the
-graph) to the custom op ``torchformer::prefix_sdpa``, which reads that count (a host read: CPU
-only, where it costs nothing) and runs the same SDPA over that prefix of keys, mask and bias.
-torch.compile sees an opaque op: one graph for every step, each step the work of its real length.
-The slots cut off are masked for every query (exact zero weights), so only the kernel's blocking
-of the sums changes (fp32 reassociation). ``math_attention`` stays the plain reference.
+A cached step attends only over the cache slots some query can see. The static cache has S_max +
+1 slots whatever the step (nn/kv_cache.py), so a compiled decode step keeps one shape and never
+recompiles; but a query at position p sees slots <= p only, and a dense-mask SDPA still streams
+the rest: at batch 8 over the decode benchmark's 320-slot cache, early in a generation, that was
+~3.4 ms of a 12 ms compiled step, and ~1 ms of a 5.5 ms one at batch 1 (profiles). So
+``sdpa_attention`` on the CPU without autograd hands a cached step (``Pattern.live``: max
+position + 1, a 0-d tensor computed in the graph) to the custom op ``torchformer::prefix_sdpa``,
+which reads that count (a host read: CPU only, where it costs nothing) and runs the same SDPA
+over that prefix of keys, mask and bias. torch.compile sees an opaque op: one graph for every
+step, each step the work of its real length. The slots cut off are masked for every query (exact
+zero weights), so only the kernel's blocking of the sums changes (fp32 reassociation).
+``math_attention`` stays the plain reference.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ def sdpa_attention(
         return math_attention(q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale,
                               dropout_p=dropout_p, softcap=softcap, pattern=pattern)  # fmt: skip
     mask, bias = dense_inputs(mask, bias, is_causal, pattern)
-    if pattern is not None and pattern.live is not None and prefix_applies(q, is_causal, dropout_p, k):
+    if pattern is not None and pattern.live is not None and prefix_applies(q, is_causal, dropout_p):
         return torch.ops.torchformer.prefix_sdpa(q, k, v, mask, bias, pattern.live, scale)
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and (T != S or bias is not None or mask is not None):
@@ -122,25 +123,27 @@ def sdpa_attention(
     return out
 
 
-# Below this many bytes of keys + values per layer the whole cache streams in less time (~50 us at
-# 1.3 MB: batch 1 over the decode benchmark's 320 slots) than the op's own overhead (~75 us).
-PREFIX_MIN_BYTES = 2 << 20
-
-
-def prefix_applies(q: Tensor, is_causal: bool, dropout_p: float, k: Tensor) -> bool:
+def prefix_applies(q: Tensor, is_causal: bool, dropout_p: float) -> bool:
     """Whether a cached step's SDPA cuts the cache to its live prefix (module docstring)."""
-    big = 2 * k.numel() * k.element_size() >= PREFIX_MIN_BYTES
-    return big and q.is_cpu and not is_causal and dropout_p == 0.0 and not torch.is_grad_enabled()
+    return q.is_cpu and not is_causal and dropout_p == 0.0 and not torch.is_grad_enabled()
 
 
 @torch.library.custom_op("torchformer::prefix_sdpa", mutates_args=())
 def prefix_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, live: Tensor,
                 scale: float) -> Tensor:  # fmt: skip
-    """sdpa_attention of q (B, H, T, E) over the first ``live`` of the S slots of k, v (B, K, S, E)."""
+    """sdpa_attention of q (B, H, T, E) over the first ``live`` of the S slots of k, v (B, K, S, E).
+
+    Without sdpa_attention's guard for query rows that see no key: in a cached step every query
+    sees slot 0..its position (causal; a window always holds the query's own slot), so none is
+    empty. Called per layer per step: what it skips is most of its cost at batch 1."""
     n = int(live)
-    mask = None if mask is None else mask[..., :n]  # (B, 1, T, n)
-    bias = None if bias is None else bias[..., :n]  # (B, H, T, n)
-    return sdpa_attention(q, k[:, :, :n], v[:, :, :n], mask=mask, bias=bias, scale=scale)
+    attn_mask = None if mask is None else mask[..., :n]  # (B, 1, T, n)
+    if bias is not None:
+        attn_mask = bias[..., :n].to(q.dtype)  # (B, H, T, n)
+        if mask is not None:
+            attn_mask = attn_mask.masked_fill(~mask[..., :n], float("-inf"))
+    return F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], attn_mask=attn_mask, scale=scale,
+                                          enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
 
 
 @prefix_sdpa.register_fake
