@@ -8,7 +8,17 @@ import torch.nn.functional as F
 from torchformer.nn import packed as P
 from torchformer.nn.linear import COMPILED_ROWS, Linear
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+KINDS = ["panel", "onednn"]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request, monkeypatch):
+    """Run a test with each packed form: the panel kernel, and oneDNN (the kernel made unavailable)."""
+    if request.param == "panel":
+        assert P.native() is not None, "the panel kernel did not build on this machine (see the log)"
+    else:
+        monkeypatch.setattr(P, "native", lambda: None)
+    return request.param
 
 
 def model(d_in=40, d_out=24, bias=True):
@@ -32,12 +42,12 @@ def count_packed_calls(monkeypatch) -> list[int]:
 @pytest.mark.parametrize("lead", [(3,), (5,), (8, 1), (2, 4), (16,), (64,), (130,)])
 @pytest.mark.parametrize("bias", [True, False])
 @torch.inference_mode()
-def test_packed_products_equal_f_linear(lead, bias, monkeypatch):
+def test_packed_products_equal_f_linear(lead, bias, kind, monkeypatch):
     m = model(bias=bias)
     x = torch.randn(*lead, 40)
     found = count_packed_calls(monkeypatch)
     with P.packed(m, rows=8):
-        assert all(lin.prepacked for lin in (m[0], m[2]))
+        assert m[0].prepacked == m[2].prepacked == kind
         out = m(x)
     assert found == [True, True]  # both products went through their packed copies
     want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
@@ -46,20 +56,35 @@ def test_packed_products_equal_f_linear(lead, bias, monkeypatch):
 
 
 @torch.inference_mode()
-def test_compiled_products_above_compiled_rows_go_through_the_packed_copy(monkeypatch):
+def test_compiled_products_go_through_the_packed_copy(kind, monkeypatch):
+    """Compiled: panels from MIN_ROWS rows on; oneDNN only above COMPILED_ROWS (inductor's row
+    sums are faster than it below)."""
     m = model()
     found = count_packed_calls(monkeypatch)
     torch._dynamo.reset()
+    row_counts = (P.MIN_ROWS, COMPILED_ROWS + 1, 8, 16) if kind == "panel" else (P.MIN_ROWS, COMPILED_ROWS + 1, 8)
     try:
         with P.packed(m, rows=8):
             step = torch.compile(m, dynamic=False, fullgraph=True)
-            for rows in (COMPILED_ROWS + 1, 8, 16):
+            for rows in row_counts:
                 x = torch.randn(rows, 40)
                 want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
                 torch.testing.assert_close(step(x), want, rtol=1e-5, atol=1e-5)
     finally:
         torch._dynamo.reset()
-    assert found and all(found) and len(found) == 6  # two products per call, three row counts
+    assert found and all(found)
+    assert len(found) == (2 * len(row_counts) if kind == "panel" else 4)  # two products per packed call
+
+
+@pytest.mark.parametrize("n, k", [(16, 16), (17, 9), (40, 300), (1, 513), (33, 1)])
+@pytest.mark.parametrize("rows", [1, 2, 7, 8, 9, 17])
+def test_panel_kernel_equals_the_product_for_any_shape(n, k, rows):
+    """Partial last panel (N not a multiple of 16), K past one K block (256) with more than 8 rows
+    (partial sums kept in the output), K of 1, every row-group size."""
+    g = torch.Generator().manual_seed(n * 1000 + k + rows)
+    w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)
+    out = P.native().panel_mm(x, P.panels(w), n)
+    torch.testing.assert_close(out, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_weight_changed_after_packing_is_not_multiplied_stale():
@@ -102,7 +127,7 @@ def test_products_under_autograd_keep_f_linear_and_its_backward():
 
 
 @pytest.mark.parametrize("batch", [3, 8])
-def test_generate_with_packed_weights_equals_without(batch, monkeypatch):
+def test_generate_with_packed_weights_equals_without(batch, kind, monkeypatch):
     import torchformer as tfm
 
     cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)

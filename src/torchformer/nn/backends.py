@@ -95,7 +95,8 @@ def sdpa_attention(
                               dropout_p=dropout_p, softcap=softcap, pattern=pattern)  # fmt: skip
     mask, bias = dense_inputs(mask, bias, is_causal, pattern)
     if pattern is not None and pattern.live is not None and prefix_applies(q, is_causal, dropout_p):
-        return torch.ops.torchformer.prefix_sdpa(q, k, v, mask, bias, pattern.live, scale)
+        # A cached step's mask and bias are its pattern's dense form (the stack built both).
+        return torch.ops.torchformer.prefix_sdpa(q, k, v, pattern.additive(q.dtype), pattern.live, scale)
     T, S = q.shape[-2], k.shape[-2]
     if is_causal and (T != S or bias is not None or mask is not None):
         # SDPA's own is_causal aligns the triangle top-left when T != S and refuses an extra mask;
@@ -129,25 +130,21 @@ def prefix_applies(q: Tensor, is_causal: bool, dropout_p: float) -> bool:
 
 
 @torch.library.custom_op("torchformer::prefix_sdpa", mutates_args=())
-def prefix_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, live: Tensor,
-                scale: float) -> Tensor:  # fmt: skip
-    """sdpa_attention of q (B, H, T, E) over the first ``live`` of the S slots of k, v (B, K, S, E).
+def prefix_sdpa(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live: Tensor, scale: float) -> Tensor:
+    """SDPA of q (B, H, T, E) over the first ``live`` of the S slots of k, v (B, K, S, E), with the
+    additive term (B, 1|H, T, S) (``Pattern.additive``) cut to the same slots.
 
     Without sdpa_attention's guard for query rows that see no key: in a cached step every query
     sees slot 0..its position (causal; a window always holds the query's own slot), so none is
     empty. Called per layer per step: what it skips is most of its cost at batch 1."""
     n = int(live)
-    attn_mask = None if mask is None else mask[..., :n]  # (B, 1, T, n)
-    if bias is not None:
-        attn_mask = bias[..., :n].to(q.dtype)  # (B, H, T, n)
-        if mask is not None:
-            attn_mask = attn_mask.masked_fill(~mask[..., :n], float("-inf"))
-    return F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], attn_mask=attn_mask, scale=scale,
+    term = None if term is None else term[..., :n]  # (B, 1|H, T, n)
+    return F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], attn_mask=term, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
 
 
 @prefix_sdpa.register_fake
-def _(q, k, v, mask, bias, live, scale):
+def _(q, k, v, term, live, scale):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 

@@ -19,8 +19,9 @@ unchanged and a compiled graph holds exactly one formulation; fp32 sums differ f
 reassociation.
 
 Packed (``Linear.prepacked``, set by nn/packed.py for the duration of a batched decode): products
-of MIN_ROWS or more rows that autograd does not track go through oneDNN over the weight's blocked
-copy, eager and compiled (above COMPILED_ROWS), ~1.6x faster than MKL for 3..128 rows here.
+of MIN_ROWS or more rows that autograd does not track go through the weight's packed copy, eager
+and compiled (the panel kernel: 4.5 against MKL's 12.8 ms at 8 rows over the decode benchmark's
+92 MB, 2 threads; oneDNN where the kernel cannot run, then only above COMPILED_ROWS when compiled).
 
 Same parameters and state-dict keys as nn.Linear, so checkpoints and interop key maps do not change.
 """
@@ -65,17 +66,20 @@ def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
     return torch.stack([(weight * row.to(weight.dtype)).sum(-1) for row in x2.unbind(0)], dim=0)  # (rows, N)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: bool = False) -> Tensor:
-    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N); ``prepacked``: the weight has a
-    packed copy (nn/packed.py) for few-row inference products."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: str | None = None) -> Tensor:
+    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N); ``prepacked``: the kind of packed copy
+    the weight has (nn/packed.py: "panel" or "onednn") for few-row inference products, or None."""
     rows = x.numel() // max(1, x.shape[-1])
     # Trace-time choice (module docstring); measured on CPU, where MKL's GEMV is the bottleneck. On
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
     compiling = torch.compiler.is_compiling()
-    if compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
-        out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
-    elif prepacked and rows >= packed.MIN_ROWS and x.dtype == weight.dtype and not torch.is_grad_enabled():
+    row_sums = compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS
+    # Packed: panels beat inductor's row sums too (3.6 vs 3.5-4.8 ms at 3-4 rows); oneDNN does not.
+    use_packed = prepacked is not None and rows >= packed.MIN_ROWS and x.dtype == weight.dtype
+    if use_packed and not torch.is_grad_enabled() and (prepacked == "panel" or not row_sums):
         out = torch.ops.torchformer.packed_mm(x.reshape(rows, -1), weight)  # (rows, N)
+    elif row_sums:
+        out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
     elif rows == 1 and one_row_cpu(x):
         row = x.reshape(1, -1)  # (1, K)
         pair = torch.cat([row, row])  # (2, K): the row twice (one_row_cpu)
@@ -90,7 +94,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: boo
 
 
 class Linear(nn.Linear):
-    prepacked = False  # set by nn/packed.py while a packed copy of the weight exists
+    prepacked: str | None = None  # "panel" / "onednn" while nn/packed.py holds a packed copy of the weight
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.prepacked)

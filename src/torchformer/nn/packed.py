@@ -1,41 +1,78 @@
-"""Few-row products on the CPU through oneDNN, over weights reordered once into its blocked layout.
+"""Few-row products on the CPU over a packed copy of each weight: a native panel kernel, or oneDNN.
 
 Decoding a batch multiplies a few rows (one per sequence) by every weight each step. MKL's sgemm
-streams a weight poorly for 3..128 rows; oneDNN's inner product over a weight reordered into its
-own blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for
-CPU linears) streams it much better. Measured over the decode benchmark's 43 matrices (92 MB
-fp32, best of 20 passes, 2 threads; MKL = the faster of F.linear and W @ x^T):
+streams a weight poorly for 3..64 rows. Two packed forms do better, measured over the decode
+benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
 
-    rows        3     5     8     16    64    128   512
-    oneDNN ms   4.9   4.8   5.0   6.2   16.4  30.4  114
-    MKL ms      8.8   6.7   8.3   11.1  26.9  48.1  136
+    1 thread, rows     1     3     8     12    16    32    64
+    panel kernel ms    4.5   5.7   6.9   9.8   11.7  19.9  35.5
+    oneDNN ms          8.4   7.7   10.4  11.7  11.2  20.9  35.4
+    MKL ms             11.1  21.0  16.8  19.4  19.5  32.4  41.8
 
-and at one thread, 8 rows: 8.5 against 14.4 ms. Over the *plain* weight oneDNN reorders on every
-call (7.7 ms at 8 rows): the packed copy is what pays. One or two rows stay with nn/linear.py's
-routes (MKL's W @ [x; x]^T and W @ x^T stream ~29 GB/s there, faster than oneDNN's ~18).
+- The panel kernel (csrc/panel_mm.cpp, AVX-512, built once per machine by torch's extension
+  loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
+  sequential stream and each input value is one broadcast FMA into 16 outputs, no horizontal sums.
+- oneDNN's inner product over the weight reordered into its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for CPU linears),
+  where the kernel cannot run (no AVX-512, no compiler, ``TORCHFORMER_NATIVE=0``). Over the plain
+  weight oneDNN reorders on every call (7.7 ms at 8 rows): the packed copy is what pays.
 
-A packed copy costs a second copy of each weight and ~0.8 ms per MB to make (75 ms for 92 MB),
-so packing is explicit and scoped: ``packed(model)`` packs every Linear for the duration of a
-``with`` (generate does it for decode batches of >= MIN_ROWS rows on the CPU; the serving engine
-for its lifetime). Correctness never depends on it: the product goes through the custom op
+One or two rows stay with nn/linear.py's routes (MKL's W @ [x; x]^T, inductor's row sums).
+A packed copy costs a second copy of each weight and tens of ms per 100 MB to make, so packing is
+explicit and scoped: ``packed(model)`` packs every Linear for the duration of a ``with``
+(generate does it for decode batches of >= MIN_ROWS rows on the CPU; the serving engine for its
+lifetime). Correctness never depends on it: the product goes through the custom op
 ``torchformer::packed_mm``, which finds the weight's packed copy by storage and version and
 multiplies plainly when there is none or the weight has changed since (an optimizer step, a
 load_state_dict). The op is opaque to torch.compile, so a compiled decode step calls it like any
 extern kernel; whether a Linear routes through it is the trace-time constant ``Linear.prepacked``.
-Numerics: fp32 products, sums in oneDNN's order (reassociation only).
+Numerics: fp32 products, sums in another order (reassociation only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
+import os
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+log = logging.getLogger(__name__)
+
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
+LANES = 16  # outputs per panel: one AVX-512 register of fp32
+SOURCE = Path(__file__).with_name("csrc") / "panel_mm.cpp"
+
+
+@functools.cache
+def native():
+    """The compiled panel kernel, or None where it cannot run or be built (then oneDNN serves).
+    Built on first use (~35 s on 2 cores); torch keeps the build in its extensions cache and
+    rebuilds only when the source changes."""
+    if os.environ.get("TORCHFORMER_NATIVE", "1") == "0" or torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        flags = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's threads
+        return load(name="torchformer_panel_mm", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+    except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the oneDNN path still works
+        log.warning("torchformer: the few-row panel kernel could not be built (%s); packed products use oneDNN", err)
+        return None
+
+
+def panels(weight: Tensor) -> Tensor:
+    """weight (N, K) -> (ceil(N / 16), K, 16): rows 16p..16p+15 of panel p, zero-padded past N."""
+    N, K = weight.shape
+    padded = weight.new_zeros(-(-N // LANES) * LANES, K)
+    padded[:N] = weight
+    return padded.view(-1, LANES, K).transpose(1, 2).contiguous()
 
 
 @dataclass
@@ -43,16 +80,17 @@ class _Packed:
     weight: weakref.ref  # the parameter this copy was made from
     version: int | None  # its _version then: an in-place update afterwards makes the copy stale
     shape: torch.Size
-    data: Tensor  # oneDNN's blocked layout (an opaque mkldnn tensor)
+    data: Tensor  # panels (P, K, 16), or oneDNN's blocked layout (an opaque mkldnn tensor)
+    panel: bool
 
 
 _COPIES: dict[int, _Packed] = {}  # by the weight's data_ptr
 
 
 def available(weight: Tensor) -> bool:
-    """Whether ``weight`` can be packed: fp32 on the CPU, with oneDNN in this torch build."""
+    """Whether ``weight`` can be packed: fp32 on the CPU, with the panel kernel or oneDNN here."""
     plain = weight.is_cpu and weight.dtype == torch.float32 and weight.dim() == 2
-    return plain and torch.backends.mkldnn.is_available()
+    return plain and (torch.backends.mkldnn.is_available() or native() is not None)
 
 
 def version(weight: Tensor) -> int | None:
@@ -62,25 +100,27 @@ def version(weight: Tensor) -> int | None:
     return None if weight.is_inference() else weight._version
 
 
-def current(weight: Tensor) -> Tensor | None:
+def current(weight: Tensor) -> _Packed | None:
     """The packed copy of ``weight`` if it still matches the weight's storage, shape and version."""
     return _lookup(weight)
 
 
-def _lookup(weight: Tensor) -> Tensor | None:
+def _lookup(weight: Tensor) -> _Packed | None:
     copy = _COPIES.get(weight.data_ptr())
     if copy is None or copy.weight() is None or copy.shape != weight.shape or copy.version != version(weight):
         return None
-    return copy.data
+    return copy
 
 
 @torch.library.custom_op("torchformer::packed_mm", mutates_args=())
 def packed_mm(x: Tensor, weight: Tensor) -> Tensor:
     """x (rows, K) @ weight (N, K)^T -> (rows, N), through the weight's packed copy when current."""
-    data = current(weight)
-    if data is None:
+    copy = current(weight)
+    if copy is None:
         return x @ weight.t()
-    return torch.ops.mkldnn._linear_pointwise(x, data, None, "none", [], "")
+    if copy.panel:
+        return native().panel_mm(x.contiguous(), copy.data, weight.shape[0])
+    return torch.ops.mkldnn._linear_pointwise(x, copy.data, None, "none", [], "")
 
 
 @packed_mm.register_fake
@@ -98,9 +138,10 @@ def pack(model: nn.Module) -> list[nn.Module]:
         if isinstance(module, Linear) and not module.prepacked and available(module.weight):
             w = module.weight
             if _lookup(w) is None:
-                data = torch.ops.mkldnn._reorder_linear_weight(w.detach(), 8)
-                _COPIES[w.data_ptr()] = _Packed(weakref.ref(w), version(w), w.shape, data)
-            module.prepacked = True
+                panel = native() is not None
+                data = panels(w.detach()) if panel else torch.ops.mkldnn._reorder_linear_weight(w.detach(), 8)
+                _COPIES[w.data_ptr()] = _Packed(weakref.ref(w), version(w), w.shape, data, panel)
+            module.prepacked = "panel" if _lookup(w).panel else "onednn"
             done.append(module)
     return done
 
@@ -108,7 +149,7 @@ def pack(model: nn.Module) -> list[nn.Module]:
 def unpack(modules: list[nn.Module]) -> None:
     """Drop the packed copies of ``modules`` (from ``pack``) and route them plainly again."""
     for module in modules:
-        module.prepacked = False
+        module.prepacked = None
         _COPIES.pop(module.weight.data_ptr(), None)
 
 

@@ -109,6 +109,7 @@ class Pattern:
     live: Tensor | None = None
     route: Callable[..., Tensor] | None = None
     _dense: tuple[Tensor | None, Tensor | None] | None = field(default=None, repr=False)
+    _additive: Tensor | None = field(default=None, repr=False)
 
     def dense(self) -> tuple[Tensor | None, Tensor | None]:
         """(mask (B, 1, T|1, S) bool, bias (B, H, T, S) fp32), built once and kept."""
@@ -118,6 +119,18 @@ class Pattern:
             bias = None if self.bias is None else dense_bias(self.bias, self.B, self.H, self.T, self.S, self.device)
             self._dense = (mask, bias)
         return self._dense
+
+    def additive(self, dtype: torch.dtype) -> Tensor | None:
+        """The dense mask and bias as one additive term (bias, -inf where masked) in ``dtype``, built
+        once and kept: what SDPA takes in a cached step, converted once per forward, not per layer."""
+        if self._additive is None:
+            mask, bias = self.dense()
+            term = None if bias is None else bias.to(dtype)  # (B, H, T, S)
+            if mask is not None:
+                term = torch.zeros(mask.shape, dtype=dtype, device=mask.device) if term is None else term
+                term = term.masked_fill(~mask, float("-inf"))  # (B, 1|H, T, S)
+            self._additive = term
+        return self._additive
 
 
 def from_dense(q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None, is_causal: bool) -> Pattern:
