@@ -60,7 +60,9 @@ def native():
     try:
         from torch.utils.cpp_extension import load
 
-        flags = ["-O3", "-mavx512f", "-mfma", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's threads
+        # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
+        flags = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
+                 "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]  # fmt: skip
         return load(name="torchformer_panel_mm", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the oneDNN path still works
         log.warning("torchformer: the few-row panel kernel could not be built (%s); packed products use oneDNN", err)

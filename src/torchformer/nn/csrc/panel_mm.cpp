@@ -11,9 +11,12 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
 
 #include <algorithm>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -96,4 +99,89 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels"); }
+// One decode query per row over the first n cached keys (nn/backends.py, prefix_sdpa):
+// q (B, H, 1, E), k (B, K, S, E) and v (B, K, S, Ev) strided views with unit stride on the last
+// dim, term an additive (B, 1|H, 1, S) fp32 mask/bias (any strides) or undefined -> (B, H, 1, Ev).
+// Per (row, KV head) task: the G = H / K query heads of the group read each key and value once
+// (GQA shares them); scores q.k * scale + term, an exact softmax (max-subtracted, fp32), then the
+// weighted sum of values. Same math as SDPA; sums in another order.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                               const c10::optional<torch::Tensor>& term, int64_t n, double scale) {
+  using Vec = at::vec::Vectorized<float>;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
+              "decode_attention: fp32 only");
+  TORCH_CHECK(q.size(2) == 1 && q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "decode_attention: one query per row, unit stride on the head dim");
+  const int64_t B = q.size(0), H = q.size(1), E = q.size(3), K = k.size(1), Ev = v.size(3);
+  TORCH_CHECK(H % K == 0 && n >= 1 && n <= k.size(2), "decode_attention: bad heads or length");
+  const int64_t G = H / K;
+  auto out = torch::empty({B, H, 1, Ev}, q.options());
+  const bool has_term = term.has_value() && term->defined();
+  const float* tp = has_term ? term->data_ptr<float>() : nullptr;
+  const int64_t tb = has_term ? term->stride(0) : 0, th = has_term && term->size(1) > 1 ? term->stride(1) : 0;
+  const int64_t ts = has_term ? term->stride(3) : 0;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float sc = static_cast<float>(scale);
+  at::parallel_for(0, B * K, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(G * n), acc(Ev);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / K, kh = task % K;
+      const float* kb = kp + b * k.stride(0) + kh * k.stride(1);
+      const float* vb = vp + b * v.stride(0) + kh * v.stride(1);
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t h = kh * G + g;
+        const float* qh = qp + b * q.stride(0) + h * q.stride(1);
+        float* s = scores.data() + g * n;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          const float* kj = kb + j * k.stride(2);
+          Vec dot(0.f);
+          int64_t e = 0;
+          for (; e + Vec::size() <= E; e += Vec::size()) dot = at::vec::fmadd(Vec::loadu(qh + e), Vec::loadu(kj + e), dot);
+          float d = _mm512_reduce_add_ps(dot);
+          for (; e < E; ++e) d += qh[e] * kj[e];
+          d *= sc;
+          if (tp) d += tp[b * tb + h * th + j * ts];
+          s[j] = d;
+          mx = std::max(mx, d);
+        }
+        // exp(s - max) in place, 16 at a time; the sum for normalising.
+        float total = 0.f;
+        int64_t j = 0;
+        const Vec vmx(mx);
+        Vec vsum(0.f);
+        for (; j + Vec::size() <= n; j += Vec::size()) {
+          Vec p = (Vec::loadu(s + j) - vmx).exp();
+          p.store(s + j);
+          vsum = vsum + p;
+        }
+        total = _mm512_reduce_add_ps(vsum);
+        for (; j < n; ++j) {
+          s[j] = std::exp(s[j] - mx);
+          total += s[j];
+        }
+        // out = sum_j p_j v_j / total
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t jj = 0; jj < n; ++jj) {
+          const float* vj = vb + jj * v.stride(2);
+          const Vec pj(s[jj]);
+          int64_t e = 0;
+          for (; e + Vec::size() <= Ev; e += Vec::size()) at::vec::fmadd(pj, Vec::loadu(vj + e), Vec::loadu(acc.data() + e)).store(acc.data() + e);
+          for (; e < Ev; ++e) acc[e] += s[jj] * vj[e];
+        }
+        float* oh = op + (b * H + h) * Ev;
+        const float inv = 1.f / total;
+        for (int64_t e = 0; e < Ev; ++e) oh[e] = acc[e] * inv;
+      }
+    }
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels");
+  m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys");
+}

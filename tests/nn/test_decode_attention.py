@@ -1,0 +1,76 @@
+"""nn/csrc's decode kernel (one query per row over the first n cached keys) equals SDPA over
+that prefix: MHA, GQA and MQA, head widths that are and are not multiples of 16, a per-head bias
+with -inf holes, a broadcast mask, no term at all; and a cached decode step routes through it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchformer.nn import packed
+
+SHAPES = [  # (B, H, K, E, S, n)
+    (8, 8, 8, 64, 40, 17),
+    (2, 8, 2, 32, 40, 40),
+    (3, 4, 1, 24, 30, 1),
+    (1, 6, 3, 8, 70, 33),
+    (2, 2, 2, 80, 20, 19),
+]
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = packed.native()
+    assert k is not None, "the native kernels did not build on this machine (see the log)"
+    return k
+
+
+@pytest.mark.parametrize("B, H, K, E, S, n", SHAPES)
+@pytest.mark.parametrize("term_kind", ["bias", "mask", "none"])
+def test_decode_kernel_equals_sdpa_over_the_prefix(kernel, B, H, K, E, S, n, term_kind):
+    g = torch.Generator().manual_seed(B * 100 + E + n)
+    # Cache-like views: the slot dim has a stride past E (a slice of a bigger cache).
+    k = torch.randn(B, K, S + 5, E, generator=g)[:, :, :S]
+    v = torch.randn(B, K, S + 5, E, generator=g)[:, :, :S]
+    q = torch.randn(B, H, 1, E, generator=g)
+    term = None
+    if term_kind == "bias":
+        term = torch.randn(B, H, 1, S, generator=g)
+        term = term.masked_fill(torch.rand(B, H, 1, S, generator=g) < 0.3, float("-inf"))
+        term[..., 0] = 0.0  # every query sees a key (as in any cached step)
+    elif term_kind == "mask":
+        term = torch.zeros(B, 1, 1, S).masked_fill(torch.rand(B, 1, 1, S, generator=g) < 0.3, float("-inf"))
+        term[..., 0] = 0.0
+    cut = None if term is None else term[..., :n]
+    want = F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], attn_mask=cut, scale=0.3, enable_gqa=H != K)
+    got = kernel.decode_attention(q, k, v, term, n, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_arguments_are_refused(kernel):
+    q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="bad heads or length"):
+        kernel.decode_attention(q, k, k, None, 9, 1.0)  # n past the cache
+    with pytest.raises(RuntimeError, match="one query per row"):
+        kernel.decode_attention(torch.randn(1, 2, 2, 16), k, k, None, 4, 1.0)
+
+
+@torch.inference_mode()
+def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
+    import torchformer as tfm
+
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            if name == "decode_attention":
+                calls.append(name)
+            return getattr(kernel, name)
+
+    monkeypatch.setattr(packed, "native", lambda: Spy())
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
+    net = tfm.build_model(cfg).eval()
+    ids = torch.randint(0, 97, (2, 7))
+    out = tfm.generate(net, ids, max_new_tokens=5)
+    assert len(calls) == 2 * 4  # two layers, four decode steps (the fifth token needs no step)
+    monkeypatch.setattr(packed, "native", lambda: None)  # SDPA over the prefix instead
+    assert torch.equal(out, tfm.generate(net, ids, max_new_tokens=5))
