@@ -26,16 +26,25 @@ def model(d_in=40, d_out=24, bias=True):
     return torch.nn.Sequential(Linear(d_in, d_out, bias=bias), torch.nn.ReLU(), Linear(d_out, d_in, bias=bias))
 
 
-def count_packed_calls(monkeypatch) -> list[int]:
-    """Spy on the op's lookup: one entry per product that found its packed copy."""
-    found, current = [], P.current
+def count_packed_calls(monkeypatch) -> list[bool]:
+    """Spy on both packed routes: one entry per product (per traced product when compiled), True
+    when it found the weight's current packed copy (oneDNN's, or the extension's panels)."""
+    found, current, panel_product = [], P.current, P.panel_product
 
-    def spy(weight):
-        data = current(weight)
-        found.append(data is not None)
-        return data
+    def spy_current(weight):
+        copy = current(weight)
+        found.append(copy is not None)
+        return copy
 
-    monkeypatch.setattr(P, "current", spy)
+    def spy_panels(x, weight):
+        if not torch.compiler.is_compiling():
+            found.append(bool(P.native().has_panels(weight)))
+        else:
+            found.append(True)  # traced: the op is in the graph (checked by value below)
+        return panel_product(x, weight)
+
+    monkeypatch.setattr(P, "current", spy_current)
+    monkeypatch.setattr(P, "panel_product", spy_panels)
     return found
 
 
@@ -73,7 +82,7 @@ def test_compiled_products_go_through_the_packed_copy(kind, monkeypatch):
     finally:
         torch._dynamo.reset()
     assert found and all(found)
-    assert len(found) == (2 * len(row_counts) if kind == "panel" else 4)  # two products per packed call
+    assert len(found) == (2 * len(row_counts) if kind == "panel" else 4)  # two products per traced packed call
 
 
 @pytest.mark.parametrize("n, k", [(16, 16), (17, 9), (40, 300), (1, 513), (33, 1)])
@@ -94,6 +103,8 @@ def test_a_weight_changed_after_packing_is_not_multiplied_stale():
         with torch.no_grad():
             m[0].weight.mul_(-2.0)  # an in-place update (optimizer step, load_state_dict's copy_)
         assert P.current(m[0].weight) is None and P.current(m[2].weight) is not None
+        if P.native() is not None:
+            assert not P.native().has_panels(m[0].weight) and P.native().has_panels(m[2].weight)
         with torch.inference_mode():
             want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
             torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)

@@ -76,8 +76,10 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: str
     row_sums = compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS
     # Packed: panels beat inductor's row sums too (3.6 vs 3.5-4.8 ms at 3-4 rows); oneDNN does not.
     use_packed = prepacked is not None and rows >= packed.MIN_ROWS and x.dtype == weight.dtype
-    if use_packed and not torch.is_grad_enabled() and (prepacked == "panel" or not row_sums):
-        out = torch.ops.torchformer.packed_mm(x.reshape(rows, -1), weight)  # (rows, N)
+    if use_packed and not torch.is_grad_enabled() and prepacked == "panel":
+        out = packed.panel_product(x.reshape(rows, -1), weight)  # (rows, N)
+    elif use_packed and not torch.is_grad_enabled() and not row_sums:
+        out = torch.ops.torchformer.packed_mm(x.reshape(rows, -1), weight)  # (rows, N): oneDNN
     elif row_sums:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
     elif rows == 1 and one_row_cpu(x):

@@ -63,7 +63,9 @@ def native():
         # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
         flags = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
                  "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]  # fmt: skip
-        return load(name="torchformer_panel_mm", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        kernels = load(name="torchformer_panel_mm", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+        return kernels
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the oneDNN path still works
         log.warning("torchformer: the few-row panel kernel could not be built (%s); packed products use oneDNN", err)
         return None
@@ -114,14 +116,20 @@ def _lookup(weight: Tensor) -> _Packed | None:
     return copy
 
 
+def panel_product(x: Tensor, weight: Tensor) -> Tensor:
+    """x (rows, K) @ weight (N, K)^T through the weight's panels, found by the extension itself
+    (no Python per product: the op ``torchformer::panel_linear``); plain when they are not current."""
+    return torch.ops.torchformer.panel_linear(x, weight)
+
+
 @torch.library.custom_op("torchformer::packed_mm", mutates_args=())
 def packed_mm(x: Tensor, weight: Tensor) -> Tensor:
-    """x (rows, K) @ weight (N, K)^T -> (rows, N), through the weight's packed copy when current."""
+    """x (rows, K) @ weight (N, K)^T -> (rows, N), through the weight's oneDNN copy when current."""
     copy = current(weight)
     if copy is None:
         return x @ weight.t()
     if copy.panel:
-        return native().panel_mm(x.contiguous(), copy.data, weight.shape[0])
+        return panel_product(x, weight)
     return torch.ops.mkldnn._linear_pointwise(x, copy.data, None, "none", [], "")
 
 
@@ -143,6 +151,8 @@ def pack(model: nn.Module) -> list[nn.Module]:
                 panel = native() is not None
                 data = panels(w.detach()) if panel else torch.ops.mkldnn._reorder_linear_weight(w.detach(), 8)
                 _COPIES[w.data_ptr()] = _Packed(weakref.ref(w), version(w), w.shape, data, panel)
+                if panel:
+                    native().register_panels(w.detach(), data)
             module.prepacked = "panel" if _lookup(w).panel else "onednn"
             done.append(module)
     return done
@@ -152,7 +162,9 @@ def unpack(modules: list[nn.Module]) -> None:
     """Drop the packed copies of ``modules`` (from ``pack``) and route them plainly again."""
     for module in modules:
         module.prepacked = None
-        _COPIES.pop(module.weight.data_ptr(), None)
+        copy = _COPIES.pop(module.weight.data_ptr(), None)
+        if copy is not None and copy.panel:
+            native().unregister_panels(module.weight)
 
 
 @contextlib.contextmanager
