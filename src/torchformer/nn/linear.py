@@ -28,6 +28,8 @@ Same parameters and state-dict keys as nn.Linear, so checkpoints and interop key
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -66,21 +68,17 @@ def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
     return torch.stack([(weight * row.to(weight.dtype)).sum(-1) for row in x2.unbind(0)], dim=0)  # (rows, N)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: str | None = None) -> Tensor:
-    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N); ``prepacked``: the kind of packed copy
-    the weight has (nn/packed.py: "panel" or "onednn") for few-row inference products, or None."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: Callable | None = None) -> Tensor:
+    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N); ``prepacked``: the product over the
+    weight's packed copy (nn/packed.py) for few-row inference products, or None."""
     rows = x.numel() // max(1, x.shape[-1])
     # Trace-time choice (module docstring); measured on CPU, where MKL's GEMV is the bottleneck. On
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
     compiling = torch.compiler.is_compiling()
-    row_sums = compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS
-    # Packed: panels beat inductor's row sums too (3.6 vs 3.5-4.8 ms at 3-4 rows); oneDNN does not.
     use_packed = prepacked is not None and rows >= packed.MIN_ROWS and x.dtype == weight.dtype
-    if use_packed and not torch.is_grad_enabled() and prepacked == "panel":
-        out = packed.panel_product(x.reshape(rows, -1), weight)  # (rows, N)
-    elif use_packed and not torch.is_grad_enabled() and not row_sums:
-        out = torch.ops.torchformer.packed_mm(x.reshape(rows, -1), weight)  # (rows, N): oneDNN
-    elif row_sums:
+    if use_packed and not torch.is_grad_enabled():
+        out = prepacked(x.reshape(rows, -1), weight)  # (rows, N)
+    elif compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
     elif rows == 1 and one_row_cpu(x):
         row = x.reshape(1, -1)  # (1, K)
@@ -96,7 +94,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: str
 
 
 class Linear(nn.Linear):
-    prepacked: str | None = None  # "panel" / "onednn" while nn/packed.py holds a packed copy of the weight
+    prepacked: Callable | None = None  # the packed product while nn/packed.py holds a copy of the weight
 
     def forward(self, x: Tensor) -> Tensor:
         return linear(x, self.weight, self.bias, self.prepacked)

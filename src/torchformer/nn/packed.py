@@ -25,7 +25,8 @@ lifetime). Correctness never depends on it: the product goes through the custom 
 ``torchformer::packed_mm``, which finds the weight's packed copy by storage and version and
 multiplies plainly when there is none or the weight has changed since (an optimizer step, a
 load_state_dict). The op is opaque to torch.compile, so a compiled decode step calls it like any
-extern kernel; whether a Linear routes through it is the trace-time constant ``Linear.prepacked``.
+extern kernel; whether and how a Linear routes through it is the trace-time constant
+``Linear.prepacked`` (the product function: ``panel_product`` or ``onednn_product``).
 Numerics: fp32 products, sums in another order (reassociation only).
 """
 
@@ -55,7 +56,7 @@ def native():
     """The compiled panel kernel, or None where it cannot run or be built (then oneDNN serves).
     Built on first use (~35 s on 2 cores); torch keeps the build in its extensions cache and
     rebuilds only when the source changes."""
-    if os.environ.get("TORCHFORMER_NATIVE", "1") == "0" or torch.backends.cpu.get_cpu_capability() != "AVX512":
+    if not int(os.environ.get("TORCHFORMER_NATIVE", "1")) or not torch.cpu._is_avx512_supported():
         return None
     try:
         from torch.utils.cpp_extension import load
@@ -122,14 +123,22 @@ def panel_product(x: Tensor, weight: Tensor) -> Tensor:
     return torch.ops.torchformer.panel_linear(x, weight)
 
 
+def onednn_product(x: Tensor, weight: Tensor) -> Tensor:
+    """x (rows, K) @ weight (N, K)^T through the weight's oneDNN copy (the op below); compiled, up to
+    COMPILED_ROWS rows take inductor's row sums instead, which are faster than oneDNN there."""
+    from .linear import COMPILED_ROWS, rowwise_product
+
+    if torch.compiler.is_compiling() and x.shape[0] <= COMPILED_ROWS:
+        return rowwise_product(x, weight)
+    return torch.ops.torchformer.packed_mm(x, weight)
+
+
 @torch.library.custom_op("torchformer::packed_mm", mutates_args=())
 def packed_mm(x: Tensor, weight: Tensor) -> Tensor:
     """x (rows, K) @ weight (N, K)^T -> (rows, N), through the weight's oneDNN copy when current."""
     copy = current(weight)
-    if copy is None:
+    if copy is None or copy.panel:  # panels are the extension's (panel_product); none: plain
         return x @ weight.t()
-    if copy.panel:
-        return panel_product(x, weight)
     return torch.ops.mkldnn._linear_pointwise(x, copy.data, None, "none", [], "")
 
 
@@ -153,7 +162,7 @@ def pack(model: nn.Module) -> list[nn.Module]:
                 _COPIES[w.data_ptr()] = _Packed(weakref.ref(w), version(w), w.shape, data, panel)
                 if panel:
                     native().register_panels(w.detach(), data)
-            module.prepacked = "panel" if _lookup(w).panel else "onednn"
+            module.prepacked = panel_product if _lookup(w).panel else onednn_product
             done.append(module)
     return done
 
