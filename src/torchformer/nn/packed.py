@@ -36,6 +36,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
 LANES = 16  # outputs per panel: one AVX-512 register of fp32
 SOURCE = Path(__file__).with_name("csrc") / "panel_mm.cpp"
+NAME = "torchformer_panel_mm"  # the extension's name in torch's build cache
 
 
 @functools.cache
@@ -59,12 +61,17 @@ def native():
     if not int(os.environ.get("TORCHFORMER_NATIVE", "1")) or not torch.cpu._is_avx512_supported():
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import get_default_build_root, load
 
+        # A build killed midway leaves torch's lock file behind, and every later load would wait on
+        # it forever: a lock older than any build (10 min) is stale.
+        lock = Path(get_default_build_root()) / NAME / "lock"
+        if lock.exists() and time.time() - lock.stat().st_mtime > 600:
+            lock.unlink(missing_ok=True)
         # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
         flags = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
                  "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]  # fmt: skip
-        kernels = load(name="torchformer_panel_mm", sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
+        kernels = load(name=NAME, sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
         torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         return kernels
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the oneDNN path still works
