@@ -113,7 +113,8 @@ def version(weight: Tensor) -> int | None:
 
 
 def current(weight: Tensor) -> _Packed | None:
-    """The packed copy of ``weight`` if it still matches the weight's storage, shape and version."""
+    """The packed copy of ``weight`` if it still matches the weight's storage, shape and version:
+    what the products read (``pack`` calls ``_lookup`` itself, so a spy on this sees products only)."""
     return _lookup(weight)
 
 
