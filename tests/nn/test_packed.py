@@ -15,9 +15,9 @@ KINDS = ["panel", "onednn"]
 def kind(request, monkeypatch):
     """Run a test with each packed form: the panel kernel, and oneDNN (the kernel made unavailable)."""
     if request.param == "panel":
-        assert P.native() is not None, "the panel kernel did not build on this machine (see the log)"
+        assert P.kernels() is not None, "the panel kernel did not build on this machine (see the log)"
     else:
-        monkeypatch.setattr(P, "native", lambda: None)
+        monkeypatch.setattr(P, "kernels", lambda: None)
     return request.param
 
 
@@ -38,7 +38,7 @@ def count_packed_calls(monkeypatch) -> list[bool]:
 
     def spy_panels(x, weight):
         if not torch.compiler.is_compiling():
-            found.append(bool(P.native().has_panels(weight)))
+            found.append(bool(P.kernels().has_panels(weight)))
         else:
             found.append(True)  # traced: the op is in the graph (checked by value below)
         return panel_product(x, weight)
@@ -93,7 +93,7 @@ def test_panel_kernel_equals_the_product_for_any_shape(n, k, rows):
     (partial sums kept in the output), K of 1, every row-group size."""
     g = torch.Generator().manual_seed(n * 1000 + k + rows)
     w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)
-    out = P.native().panel_mm(x, P.panels(w), n)
+    out = P.kernels().panel_mm(x, P.panels(w), n)
     torch.testing.assert_close(out, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-5)
 
 
@@ -104,8 +104,8 @@ def test_a_weight_changed_after_packing_is_not_multiplied_stale():
         with torch.no_grad():
             m[0].weight.mul_(-2.0)  # an in-place update (optimizer step, load_state_dict's copy_)
         assert P.current(m[0].weight) is None and P.current(m[2].weight) is not None
-        if P.native() is not None:
-            assert not P.native().has_panels(m[0].weight) and P.native().has_panels(m[2].weight)
+        if P.kernels() is not None:
+            assert not P.kernels().has_panels(m[0].weight) and P.kernels().has_panels(m[2].weight)
         with torch.inference_mode():
             want = F.linear(torch.relu(F.linear(x, m[0].weight, m[0].bias)), m[2].weight, m[2].bias)
             torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)

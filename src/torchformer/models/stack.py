@@ -131,7 +131,8 @@ class Stack(nn.Module):
         docs = None if document_ids is None else same_document(document_ids, document_ids)
         bias = None if self.score_bias is None else self.score_bias.rule(pos, k_pos)
         aligned = aligned and cache is None and keys is None and docs is None
-        live = None if cache is None else pos.max() + 1  # slots past the highest query are dead (nn/prefix.py)
+        # Slots past the highest query are dead: CPU cached steps skip them (nn/backends.py, prefix_sdpa).
+        live = pos.max() + 1 if cache is not None and pos.is_cpu else None
         shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None, aligned, live)
         ctxs = tuple(self.kind_context(pos, kind.rope, kind.window, shared) for kind in (self, *self.kinds))
         return ctxs[0]._replace(by_kind=ctxs)

@@ -9,8 +9,8 @@ benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
     oneDNN ms          8.4   7.7   10.4  11.7  11.2  20.9  35.4
     MKL ms             11.1  21.0  16.8  19.4  19.5  32.4  41.8
 
-- The panel kernel (csrc/panel_mm.cpp, AVX-512, built once per machine by torch's extension
-  loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
+- The panel kernel (csrc/kernels.cpp through nn/native.py, AVX-512, built once per machine by
+  torch's extension loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
   sequential stream and each input value is one broadcast FMA into 16 outputs, no horizontal sums.
 - oneDNN's inner product over the weight reordered into its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for CPU linears),
@@ -33,50 +33,17 @@ Numerics: fp32 products, sums in another order (reassociation only).
 from __future__ import annotations
 
 import contextlib
-import functools
-import logging
-import os
-import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-log = logging.getLogger(__name__)
+from .native import kernels
 
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
 LANES = 16  # outputs per panel: one AVX-512 register of fp32
-SOURCE = Path(__file__).with_name("csrc") / "panel_mm.cpp"
-NAME = "torchformer_panel_mm"  # the extension's name in torch's build cache
-
-
-@functools.cache
-def native():
-    """The compiled panel kernel, or None where it cannot run or be built (then oneDNN serves).
-    Built on first use (~35 s on 2 cores); torch keeps the build in its extensions cache and
-    rebuilds only when the source changes."""
-    if not int(os.environ.get("TORCHFORMER_NATIVE", "1")) or not torch.cpu._is_avx512_supported():
-        return None
-    try:
-        from torch.utils.cpp_extension import get_default_build_root, load
-
-        # A build killed midway leaves torch's lock file behind, and every later load would wait on
-        # it forever: a lock older than any build (10 min) is stale.
-        lock = Path(get_default_build_root()) / NAME / "lock"
-        if lock.exists() and time.time() - lock.stat().st_mtime > 600:
-            lock.unlink(missing_ok=True)
-        # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
-        flags = ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
-                 "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]  # fmt: skip
-        kernels = load(name=NAME, sources=[str(SOURCE)], extra_cflags=flags, verbose=False)
-        torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
-        return kernels
-    except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the oneDNN path still works
-        log.warning("torchformer: the few-row panel kernel could not be built (%s); packed products use oneDNN", err)
-        return None
 
 
 def panels(weight: Tensor) -> Tensor:
@@ -102,7 +69,7 @@ _COPIES: dict[int, _Packed] = {}  # by the weight's data_ptr
 def available(weight: Tensor) -> bool:
     """Whether ``weight`` can be packed: fp32 on the CPU, with the panel kernel or oneDNN here."""
     plain = weight.is_cpu and weight.dtype == torch.float32 and weight.dim() == 2
-    return plain and (torch.backends.mkldnn.is_available() or native() is not None)
+    return plain and (torch.backends.mkldnn.is_available() or kernels() is not None)
 
 
 def version(weight: Tensor) -> int | None:
@@ -165,11 +132,11 @@ def pack(model: nn.Module) -> list[nn.Module]:
         if isinstance(module, Linear) and not module.prepacked and available(module.weight):
             w = module.weight
             if _lookup(w) is None:
-                panel = native() is not None
+                panel = kernels() is not None
                 data = panels(w.detach()) if panel else torch.ops.mkldnn._reorder_linear_weight(w.detach(), 8)
                 _COPIES[w.data_ptr()] = _Packed(weakref.ref(w), version(w), w.shape, data, panel)
                 if panel:
-                    native().register_panels(w.detach(), data)
+                    kernels().register_panels(w.detach(), data)
             module.prepacked = panel_product if _lookup(w).panel else onednn_product
             done.append(module)
     return done
@@ -181,7 +148,7 @@ def unpack(modules: list[nn.Module]) -> None:
         module.prepacked = None
         copy = _COPIES.pop(module.weight.data_ptr(), None)
         if copy is not None and copy.panel:
-            native().unregister_panels(module.weight)
+            kernels().unregister_panels(module.weight)
 
 
 @contextlib.contextmanager

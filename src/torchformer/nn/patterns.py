@@ -123,7 +123,7 @@ class Pattern:
     def additive(self, dtype: torch.dtype) -> Tensor | None:
         """The dense mask and bias as one additive term (bias, -inf where masked) in ``dtype``, built
         once and kept: what SDPA takes in a cached step, converted once per forward, not per layer."""
-        if self._additive is None:
+        if self._additive is None or self._additive.dtype != dtype:
             mask, bias = self.dense()
             term = None if bias is None else bias.to(dtype)  # (B, H, T, S)
             if mask is not None:

@@ -1,4 +1,6 @@
-// Few-row products y = x W^T over a weight packed in panels of 16 output rows (nn/packed.py).
+// torchformer's CPU kernels (loaded by nn/native.py).
+//
+// 1. Few-row products y = x W^T over a weight packed in panels of 16 output rows (nn/packed.py).
 //
 // Panel p holds rows 16p..16p+15 of W (zero-padded past N) as (K, 16): for each input index k,
 // the 16 weights of those outputs are contiguous. One panel is then one sequential stream, and
