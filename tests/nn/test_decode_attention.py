@@ -14,6 +14,9 @@ SHAPES = [  # (B, H, K, E, S, n)
     (3, 4, 1, 24, 30, 1),
     (1, 6, 3, 8, 70, 33),
     (2, 2, 2, 80, 20, 19),
+    (2, 4, 2, 128, 300, 300),  # the widest templated head, many 16-key blocks
+    (3, 8, 8, 64, 80, 75),  # the serving benchmark's shape
+    (2, 4, 4, 160, 40, 16),  # wider than the templated heads: the generic loop
 ]
 
 
@@ -74,3 +77,19 @@ def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
     assert len(calls) == 2 * 4  # two layers, four decode steps (the fifth token needs no step)
     monkeypatch.setattr(backends, "kernels", lambda: None)  # SDPA over the prefix instead
     assert torch.equal(out, tfm.generate(net, ids, max_new_tokens=5))
+
+
+@pytest.mark.parametrize("E, Ev, gap", [(64, 64, 8), (32, 48, 0), (24, 16, 4)])
+def test_decode_kernel_with_spaced_keys_or_another_value_width(kernel, E, Ev, gap):
+    """Keys not contiguous (a slot stride past the head width), and values of another width
+    (as latent attention's): the prefetch walk and the generic loop still read the right slots."""
+    g = torch.Generator().manual_seed(E + Ev + gap)
+    B, H, K, S, n = 3, 4, 2, 50, 37
+    k = torch.randn(B, K, S, E + gap, generator=g)[..., :E]
+    v = torch.randn(B, K, S, Ev + gap, generator=g)[..., :Ev]
+    q = torch.randn(B, H, 1, E, generator=g)
+    term = torch.randn(B, H, 1, S, generator=g)
+    want = F.scaled_dot_product_attention(
+        q, k[:, :, :n], v[:, :, :n], attn_mask=term[..., :n], scale=0.2, enable_gqa=True
+    )
+    torch.testing.assert_close(kernel.decode_attention(q, k, v, term, n, 0.2), want, rtol=1e-5, atol=1e-5)

@@ -120,6 +120,60 @@ def test_served_equals_generate_with_staggered_arrivals_reuse_and_cancellation(v
         assert sinks[i].end == Done("length", len(prompts[i]), n)
 
 
+# Arriving together: one batched prefill (lengths 2..19, right-padded), then shared decode steps.
+TOGETHER = [
+    (19, 6, {"temperature": 0.9, "seed": 5, "top_k": 9}),
+    (2, 8, {}),
+    (11, 7, {"repetition_penalty": 1.3}),
+    (6, 5, {"temperature": 1.2, "seed": 2, "min_p": 0.05}),
+]
+
+
+@pytest.mark.parametrize("v", **params(GRID))
+def test_requests_arriving_together_are_prefilled_in_one_batch_and_each_equals_generate(v, monkeypatch):
+    import torchformer.serve.engine as engine_module
+
+    model = build(v, seed=5)
+    g = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, model.config.vocab_size, (t,), generator=g).tolist() for t, _, _ in TOGETHER]
+    batches, real = [], engine_module.prefill_rows
+    monkeypatch.setattr(
+        engine_module,
+        "prefill_rows",
+        lambda m, c, start, ps: (batches.append((start, list(ps))), real(m, c, start, ps))[1],
+    )
+    engine = make_engine(model, slots=4)
+    sinks = [Collect() for _ in TOGETHER]
+    try:
+        with engine.wake:  # all queued before the engine admits any
+            for prompt, (_, n, sampling), sink in zip(prompts, TOGETHER, sinks):
+                engine.submit(prompt, options(n, **sampling), sink)
+        assert all(sink.ended.wait(30) for sink in sinks)
+    finally:
+        engine.stop()
+    assert engine.error is None
+    assert batches == [(0, sorted(prompts, key=len))], "one prefill, shortest prompt in the lowest row"
+    for prompt, (_, n, sampling), sink in zip(prompts, TOGETHER, sinks):
+        assert sink.tokens == generate_alone(model, prompt, n, sampling), sampling
+        assert sink.end == Done("length", len(prompt), n)
+
+
+def test_prefill_batches_are_runs_of_consecutive_rows_within_the_token_and_padding_limits():
+    from torchformer.serve.engine import PAD_SLACK, PREFILL_TOKENS, prefill_batches
+
+    def lengths(*pairs):
+        return prefill_batches([(row, [1] * t) for row, t in pairs])
+
+    assert lengths((0, 5), (1, 9), (2, 9)) == [[0, 1, 2]]
+    assert lengths((0, 5), (2, 9), (3, 9)) == [[0], [1, 2]]  # row 1 is busy: not one view
+    assert lengths((0, 100), (1, 1000)) == [[0], [1]]  # 900 pad tokens for 1100 real ones
+    short = PAD_SLACK // 2
+    assert lengths((0, 1), (1, short), (2, short)) == [[0, 1, 2]]  # few pads in absolute terms
+    big = PREFILL_TOKENS // 2
+    assert lengths((0, big), (1, big), (2, big)) == [[0, 1], [2]]  # the token budget
+    assert lengths((0, 3)) == [[0]] and lengths() == []
+
+
 def test_eos_stops_with_finish_reason_stop(tiny):
     prompt = [5, 6, 7]
     greedy = generate_alone(tiny, prompt, 6, {})

@@ -5,17 +5,21 @@
 - ``decode_attention``: one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
 
-Built once per machine (~35 s on 2 cores); torch keeps the build in its extensions cache and
-rebuilds only when the source or flags change. Needs AVX-512, a C++ compiler (as torch.compile on
+Built once per machine (~35 s on 2 cores) into torch's extensions cache, in a folder named by a
+hash of the source, flags, torch version and environment, so checkouts and venvs never rebuild
+each other's copy. Needs AVX-512, a C++ compiler (as torch.compile on
 CPU does) and ninja (the ``serve`` extra). Where any is missing, or with ``TORCHFORMER_NATIVE=0``,
 ``kernels()`` is None and the callers take their library paths (oneDNN, SDPA).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -39,14 +43,43 @@ def kernels():
     try:
         from torch.utils.cpp_extension import get_default_build_root, load
 
-        # A build killed midway leaves torch's lock file behind, and every later load would wait on
-        # it forever: a lock older than any build (10 min) is stale.
-        lock = Path(get_default_build_root()) / NAME / "lock"
-        if lock.exists() and time.time() - lock.stat().st_mtime > 600:
-            lock.unlink(missing_ok=True)
-        module = load(name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, verbose=False)
+        folder = build_folder(Path(get_default_build_root()))
+        with build_lock(folder):
+            module = load(name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder))
         torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         return module
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the library paths still work
         log.warning("torchformer: the CPU kernels could not be built (%s); using oneDNN and SDPA instead", err)
         return None
+
+
+def build_folder(root: Path) -> Path:
+    """This source's build folder: one per (source, flags, torch, environment)."""
+    key = hashlib.sha256(
+        b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(), sys.prefix.encode()])
+    ).hexdigest()[:16]
+    folder = root / f"{NAME}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path):
+    """Hold an OS file lock while torch builds or loads. torch's own lock is a plain file that a
+    build killed midway leaves behind, and every later load would wait on it forever. The OS
+    releases ours when its process dies, so once we hold it any torch lock left is stale."""
+    stale = folder / "lock"
+    try:
+        import fcntl
+    except ImportError:  # no POSIX locks: a torch lock older than any build (10 min) is stale
+        if stale.exists() and time.time() - stale.stat().st_mtime > 600:
+            stale.unlink(missing_ok=True)
+        yield
+        return
+    with open(folder / "build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -1,8 +1,8 @@
 """The serving engine: one thread, one static KV cache of ``slots`` rows, continuous batching.
 
 Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled and timed-out
-requests, admit waiting ones FIFO into free rows (each prompt is prefilled alone into its row
-of the cache), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
+requests, admit waiting ones FIFO into free rows (the prompts admitted together are prefilled in
+batches over consecutive rows, ``prefill_batches``), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
 highest busy row; all R when compiled). Rows without a request feed a dummy token whose
 key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps take
 the key slots in use, rounded up to a multiple of SPAN; compiled ones the whole cache, one graph
@@ -53,13 +53,45 @@ def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
     return KVCache(layers, length)
 
 
-def prefill_row(model, cache: KVCache, row: int, prompt: list[int]) -> Tensor:
-    """Run one prompt into row ``row`` of the cache: logits (1, V) for its first new token."""
-    view = rows_view(cache, row, row + 1, span(len(prompt), cache.max_len))
+PREFILL_TOKENS = 2048  # padded tokens in one batched prefill: bounds its activations
+PAD_SLACK = 64  # pad tokens a batched prefill may add beyond a quarter of its real ones
+
+
+def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]]) -> Tensor:
+    """Run prompts into rows start..start+b-1 of the cache in one forward: logits (b, V) for each
+    one's first new token. Shorter prompts are right-padded; the pad tokens' attention_mask is 0,
+    so their keys go to the hidden slot and each row ends as its own prefill would leave it (its
+    queries see only its own slots at positions <= theirs)."""
+    b, T = len(prompts), max(map(len, prompts))
+    view = rows_view(cache, start, start + b, span(T, cache.max_len))
     device = cache.layers[0].k.device
-    ids = torch.tensor([prompt], device=device)  # (1, T)
-    pos = torch.arange(len(prompt), device=device)[None, :]  # (1, T)
-    return model.lm_head(model.hidden(ids, pos, None, view)[:, -1])  # (1, V), as steps.prefill does
+    ids = torch.tensor([p + [0] * (T - len(p)) for p in prompts], device=device)  # (b, T)
+    pos = torch.arange(T, device=device)[None, :].expand(b, T)  # (b, T)
+    mask = None
+    if any(len(p) < T for p in prompts):
+        mask = torch.tensor([[1] * len(p) + [0] * (T - len(p)) for p in prompts], device=device)  # (b, T)
+    hidden = model.hidden(ids, pos, mask, view)  # (b, T, D)
+    last = torch.tensor([len(p) - 1 for p in prompts], device=device)  # (b,)
+    return model.lm_head(hidden[torch.arange(b, device=device), last])  # (b, V), as steps.prefill does
+
+
+def prefill_batches(admitted: list[tuple[int, list[int]]]) -> list[list[int]]:
+    """Group (row, prompt) pairs, sorted by row, into batched prefills: runs of consecutive rows
+    whose padded size stays within PREFILL_TOKENS and whose padding within a quarter of the real
+    tokens (or PAD_SLACK, for short prompts, where one more forward costs more than the pads).
+    Returns lists of indices into ``admitted``."""
+    groups: list[list[int]] = []
+    for i, (row, prompt) in enumerate(admitted):
+        if groups:
+            group = groups[-1]
+            n, T = len(group) + 1, max(len(prompt), *(len(admitted[j][1]) for j in group))
+            real = len(prompt) + sum(len(admitted[j][1]) for j in group)
+            next_row = row == admitted[group[-1]][0] + 1
+            if next_row and n * T <= PREFILL_TOKENS and n * T - real <= max(PAD_SLACK, real // 4):
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 def decode_rows(model, ids: Tensor, pos: Tensor, live: Tensor, cache: KVCache) -> Tensor:
@@ -231,31 +263,60 @@ class Engine:
                 self.free(job)
 
     def admit(self) -> None:
-        now = time.monotonic()
-        while None in self.rows:
-            with self.wake:
-                if not self.waiting:
-                    return
-                job = self.waiting.popleft()
+        """Waiting requests FIFO into the free rows, prefilled in batches (``prefill_batches``);
+        the shortest prompts take the lowest rows, so a batch pads little."""
+        now, free, jobs = time.monotonic(), [r for r, j in enumerate(self.rows) if j is None], []
+        with self.wake:
+            while self.waiting and len(jobs) < len(free):
+                jobs.append(self.waiting.popleft())
+        ready = []
+        for job in jobs:
             if job.cancelled:
                 self.metrics.finish("cancelled")
             elif now > job.deadline:
                 job.finish("length", self.metrics)  # timed out in the queue: no tokens
             else:
-                self.prefill(job, self.rows.index(None))
+                ready.append(job)
+        ready.sort(key=lambda j: len(j.prompt))
+        admitted = list(zip(free, ready))
+        for group in prefill_batches([(row, job.prompt) for row, job in admitted]):
+            self.prefill([admitted[i] for i in group])
 
-    def prefill(self, job: Job, row: int) -> None:
-        try:
-            job.start(row, self.texts.vocab_size, self.device)
-            logits = prefill_row(self.model, self.cache, row, job.prompt)
-            token = int(logits.argmax(-1) if job.fast else job.sample(logits))
-        except Exception as err:  # noqa: BLE001 - this request fails; the engine goes on
-            log.exception("prefill failed for request %s", job.id)
-            job.fail(APIError(500, f"the request failed inside the engine: {err!r}", type="server_error"), self.metrics)
+    def prefill(self, batch: list[tuple[int, Job]]) -> None:
+        """One batched prefill into consecutive rows; each request's first token is its own."""
+        started = []
+        for row, job in batch:
+            try:
+                job.start(row, self.texts.vocab_size, self.device)
+                started.append(job)
+            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
+                self.fail(job, "the request failed inside the engine", err)
+        if not started:
             return
-        self.rows[row] = job
-        if job.accept(token, self.eos, self.metrics):
-            self.free(job)
+        try:
+            # A failed start leaves a hole: the others still need consecutive rows, so the batch
+            # keeps its rows and the hole's prompt is a dummy one whose row stays free.
+            prompts = [job.prompt if job in started else [0] for _, job in batch]
+            logits = prefill_rows(self.model, self.cache, batch[0][0], prompts)  # (b, V)
+        except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
+            for job in started:
+                self.fail(job, "the request failed inside the engine", err)
+            return
+        for i, (row, job) in enumerate(batch):
+            if job not in started:
+                continue
+            try:
+                token = int(logits[i].argmax(-1) if job.fast else job.sample(logits[i : i + 1]))
+            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
+                self.fail(job, "the request failed inside the engine", err)
+                continue
+            self.rows[row] = job
+            if job.accept(token, self.eos, self.metrics):
+                self.free(job)
+
+    def fail(self, job: Job, what: str, err: Exception) -> None:
+        log.exception("%s: request %s", what, job.id)
+        job.fail(APIError(500, f"{what}: {err!r}", type="server_error"), self.metrics)
 
     def step(self) -> None:
         """One batched decode step for all rows; per-row sampling; one host read of the tokens."""

@@ -9,6 +9,10 @@
 // run together (16 accumulators) so independent FMAs hide their latency. Rows beyond 8 are
 // taken 8 at a time over the same panels, K in blocks whose two panels stay in L1 (64 KB of
 // weights per block pair would not), partial sums kept in the output.
+// The weights stream from DRAM (a model's are far beyond L3), and the hardware prefetcher alone
+// left the FMAs waiting (~15 GB/s at 8 rows, against ~20 streaming): it stops at each 4 KB page
+// and has to detect every new panel's stream anew. So the kernel prefetches each panel's stream
+// PREFETCH_STEPS lines ahead into L2, and in a pair's last steps the next pair's first lines.
 // Sums are fp32 in k order per output: a reassociation of x W^T only.
 
 #include <torch/extension.h>
@@ -26,19 +30,45 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t K_BLOCK = 256;  // 2 panels x 256 x 16 x 4 bytes = 32 KB: fits L1 with x
+// 64 lines = 4 KB ahead per panel stream (8 KB for the pair): enough in flight to cover DRAM
+// latency at ~20 GB/s. Measured at 8 rows, one thread, a 92 MB pass: none 5.7 ms, 32 lines ahead
+// 5.1, 64-256 all 4.2-4.4. Into L2 (T1; T2 is the same here): T0, into L1, gained nothing.
+constexpr int64_t PREFETCH_STEPS = 64;
 
 template <int M, int NP>
+inline void fma_step(__m512 (&acc)[NP][M], const float* x, int64_t ldx, const float* p, int64_t K, int64_t k) {
+  __m512 w[NP];
+  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_ps(p + j * K * LANES + k * LANES);
+  for (int m = 0; m < M; ++m) {
+    const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
+    for (int j = 0; j < NP; ++j) acc[j][m] = _mm512_fmadd_ps(w[j], xb, acc[j][m]);
+  }
+}
+
+inline void prefetch_l2(const float* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
+
+// PF: prefetch PREFETCH_STEPS steps (lines) ahead in each panel's stream; past the panels' end,
+// the same offset in the next group's panels (next, null where none follows), so a group starts
+// warm. Prefetch is a hint: an address past the weights cannot fault.
+template <int M, int NP, bool PF>
 inline void panels(const float* x, int64_t ldx, const float* p, int64_t K, int64_t k0, int64_t k1, float* out,
-                   int64_t ldo, int64_t n0, int64_t nvalid_last, bool accumulate) {
+                   int64_t ldo, int64_t n0, int64_t nvalid_last, bool accumulate, const float* next) {
   __m512 acc[NP][M];
   for (int j = 0; j < NP; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  for (int64_t k = k0; k < k1; ++k) {
-    __m512 w[NP];
-    for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_ps(p + j * K * LANES + k * LANES);
-    for (int m = 0; m < M; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
-      for (int j = 0; j < NP; ++j) acc[j][m] = _mm512_fmadd_ps(w[j], xb, acc[j][m]);
+  if (!PF) {
+    for (int64_t k = k0; k < k1; ++k) fma_step<M, NP>(acc, x, ldx, p, K, k);
+  } else {
+    constexpr int64_t D = PREFETCH_STEPS;
+    const int64_t ks = std::min(std::max(K - D, k0), k1);  // from here the lines ahead are the next group's
+    for (int64_t k = k0; k < ks; ++k) {
+      for (int j = 0; j < NP; ++j) prefetch_l2(p + j * K * LANES + (k + D) * LANES);
+      fma_step<M, NP>(acc, x, ldx, p, K, k);
+    }
+    for (int64_t k = ks; k < k1; ++k) {
+      if (next)
+        for (int j = 0; j < 2; ++j) prefetch_l2(next + j * K * LANES + (k + D - K) * LANES);
+      fma_step<M, NP>(acc, x, ldx, p, K, k);
     }
   }
   for (int j = 0; j < NP; ++j) {
@@ -53,23 +83,25 @@ inline void panels(const float* x, int64_t ldx, const float* p, int64_t K, int64
   }
 }
 
-template <int M>
+template <int M, bool PF>
 void rows(const float* x, int64_t ldx, const float* wp, int64_t K, int64_t k0, int64_t k1, float* out, int64_t N,
-          int64_t pb, int64_t pe, bool accumulate) {
+          int64_t pb, int64_t pe, bool accumulate, const float* next) {
   int64_t p = pb;
   for (; p + 2 <= pe; p += 2) {
     const int64_t last = std::min<int64_t>(LANES, N - (p + 1) * LANES);
-    panels<M, 2>(x, ldx, wp + p * K * LANES, K, k0, k1, out, N, p * LANES, last, accumulate);
+    panels<M, 2, PF>(x, ldx, wp + p * K * LANES, K, k0, k1, out, N, p * LANES, last, accumulate, next);
   }
   if (p < pe) {
     const int64_t last = std::min<int64_t>(LANES, N - p * LANES);
-    panels<M, 1>(x, ldx, wp + p * K * LANES, K, k0, k1, out, N, p * LANES, last, accumulate);
+    panels<M, 1, PF>(x, ldx, wp + p * K * LANES, K, k0, k1, out, N, p * LANES, last, accumulate, next);
   }
 }
 
 using RowsFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, int64_t, float*, int64_t, int64_t,
-                        int64_t, bool);
-constexpr RowsFn ROWS[9] = {nullptr, rows<1>, rows<2>, rows<3>, rows<4>, rows<5>, rows<6>, rows<7>, rows<8>};
+                        int64_t, bool, const float*);
+template <bool PF>
+constexpr RowsFn ROWS[9] = {nullptr,       rows<1, PF>, rows<2, PF>, rows<3, PF>, rows<4, PF>,
+                            rows<5, PF>, rows<6, PF>, rows<7, PF>, rows<8, PF>};
 
 }  // namespace
 
@@ -95,7 +127,9 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
         const int64_t k1 = std::min<int64_t>(K, k0 + kb);
         for (int64_t m0 = 0; m0 < R; m0 += 8) {
           const int64_t mr = std::min<int64_t>(8, R - m0);
-          ROWS[mr](xp + m0 * K, K, w, K, k0, k1, o + m0 * N, N, pb, pe, k0 > 0);
+          // Only the first group of rows meets the block in DRAM; the others re-read it from cache.
+          const RowsFn fn = m0 == 0 ? ROWS<true>[mr] : ROWS<false>[mr];
+          fn(xp + m0 * K, K, w, K, k0, k1, o + m0 * N, N, pb, pe, k0 > 0, pe < P ? w + pe * K * LANES : nullptr);
         }
       }
     }
@@ -109,6 +143,187 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
 // Per (row, KV head) task: the G = H / K query heads of the group read each key and value once
 // (GQA shares them); scores q.k * scale + term, an exact softmax (max-subtracted, fp32), then the
 // weighted sum of values. Same math as SDPA; sums in another order.
+//
+// In a server the cache is cold: between two calls on a layer the weights of a whole layer stream
+// through, so every key and value comes from DRAM, in 2 short streams per task (n keys of K, n of
+// V; 19 KB each at n = 75, E = 64) that the hardware prefetcher meets anew and drops at each 4 KB
+// page. Waiting on them was most of the time (~300 us a layer against ~120 that the bytes need at
+// ~20 GB/s), so the kernel walks the same streams AHEAD_LINES ahead with software prefetches
+// (Ahead), across the K/V and task boundaries. For E == Ev <= 128 (every model here) the task is
+// templated on the head size so q and the output accumulator live in registers and 16 keys'
+// dots are summed together (reduce16) rather than one horizontal sum per key; other shapes take
+// the generic loop.
+namespace {
+
+// 128 lines = 8 KB ahead, into L2 (T1). Measured cold at B=8, H=K=8, n=75 (us per layer, best of
+// 10): none 243, 64 lines 156, 128 155, 256 144 (medians all ~165); T0 (into L1) at 128: 201.
+// Hot (the cache already in L2/L3) it costs 0-2 us.
+constexpr int64_t AHEAD_LINES = 128;
+
+inline void prefetch_line(uintptr_t a) { _mm_prefetch(reinterpret_cast<const char*>(a), _MM_HINT_T1); }
+
+// Walks, AHEAD_LINES ahead of the reads, the streams one thread's tasks read, in their order: per
+// task the n keys of K, then its n values of V, then the next task's. A stream whose keys are
+// contiguous (stride == length, as in the static cache) is one range of lines; otherwise each key
+// is one. The reads advance it by the bytes they consume, so it stays the same distance ahead.
+struct Ahead {
+  const float *kp, *vp;
+  int64_t ks0, ks1, ks2, vs0, vs1, vs2, K, n, E, Ev, task, end;
+  int which = 0;  // 0: the task's K, 1: its V
+  const float* base = nullptr;
+  int64_t stride = 0, len = 0, key = 0;
+  bool whole = false;
+  uintptr_t pos = 0, stop = 0, next = 0;  // the range being walked; the first line not yet prefetched
+
+  void open() {
+    const int64_t b = task / K, kh = task % K;
+    if (which == 0) base = kp + b * ks0 + kh * ks1, stride = ks2, len = E;
+    else base = vp + b * vs0 + kh * vs1, stride = vs2, len = Ev;
+    whole = stride == len, key = 0, next = 0;  // a new stream may lie below the last: forget its lines
+    range();
+  }
+  void range() {
+    pos = reinterpret_cast<uintptr_t>(base + key * stride);
+    stop = pos + (whole ? n : 1) * len * 4;
+  }
+  void forward() {
+    if (!whole && ++key < n) return range();
+    if (which == 0) which = 1;
+    else which = 0, ++task;
+    if (task < end) open();
+  }
+  inline void advance(int64_t bytes) {
+    while (bytes > 0 && task < end) {
+      const uintptr_t upto = std::min<uintptr_t>(stop, pos + bytes);
+      // lines already prefetched (keys sharing a line) are skipped
+      for (uintptr_t l = std::max(next, pos & ~uintptr_t(63)); l < upto; l += 64) prefetch_line(l);
+      next = ((upto - 1) | 63) + 1;
+      bytes -= upto - pos;
+      pos = upto;
+      if (pos == stop) forward();
+    }
+  }
+};
+
+inline __mmask16 first_lanes(int64_t c) { return c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << c) - 1); }
+
+// 16 vectors -> the vector of their 16 horizontal sums, in order: a transpose-and-add tree (15
+// adds and 31 shuffles for 16 keys, where 16 separate horizontal sums take ~4x the work).
+inline __m512 reduce16(const __m512* a) {
+  __m512 r[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // r[i] = [a[2i]'s two 256-bit halves added | a[2i+1]'s]
+    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // u[i]: 128-bit quarter t holds 4 partial sums of a[4i + t]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // w[i]: quarter t holds 2 partials of a[8i + t], then 2 of a[8i + 4 + t]
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+  // lane 4t + i: the sum of a[4i + t]; put it in lane 4i + t
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+
+struct Args {
+  const float *qp, *kp, *vp, *tp;
+  float* op;
+  int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2, tb, th, ts, H, K, G, E, Ev, n;
+  float sc;
+};
+
+// One (row, KV head) task, E == Ev, NV = ceil(E / 16) vectors (the last masked when E % 16):
+// q and the output accumulators in registers. scores: G rows of npad floats; mxbuf: G x 16.
+template <int NV>
+void attend(const Args& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead& ahead) {
+  using Vec = at::vec::Vectorized<float>;
+  const int64_t b = task / a.K, kh = task % a.K, n = a.n, G = a.G;
+  const float* kb = a.kp + b * a.ks0 + kh * a.ks1;
+  const float* vb = a.vp + b * a.vs0 + kh * a.vs1;
+  const __mmask16 em = first_lanes(a.E - (NV - 1) * 16);
+  auto load = [em](const float* p, int e) { return e == NV - 1 ? _mm512_maskz_loadu_ps(em, p + 16 * e) : _mm512_loadu_ps(p + 16 * e); };
+  for (int64_t g = 0; g < G; ++g) _mm512_storeu_ps(mxbuf + 16 * g, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+  // Scores, 16 keys at a time, each block for all G heads while its keys are in L1.
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int64_t c = std::min<int64_t>(16, n - j0);
+    const __mmask16 cm = first_lanes(c);
+    ahead.advance(c * a.E * 4);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t h = kh * G + g;
+      const float* qh = a.qp + b * a.qs0 + h * a.qs1;
+      __m512 qv[NV];
+      for (int e = 0; e < NV; ++e) qv[e] = load(qh, e);
+      __m512 d[16];  // 16 independent chains: no FMA waits on the one before
+      for (int s = 0; s < 16; ++s) {
+        const float* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
+        __m512 t = _mm512_mul_ps(qv[0], load(kj, 0));
+        for (int e = 1; e < NV; ++e) t = _mm512_fmadd_ps(qv[e], load(kj, e), t);
+        d[s] = t;
+      }
+      __m512 sv = _mm512_mul_ps(reduce16(d), _mm512_set1_ps(a.sc));
+      if (a.tp) {
+        const float* tr = a.tp + b * a.tb + h * a.th + j0 * a.ts;
+        if (a.ts == 1) {
+          sv = _mm512_add_ps(sv, _mm512_maskz_loadu_ps(cm, tr));
+        } else {
+          alignas(64) float tmp[16] = {};
+          for (int64_t s = 0; s < c; ++s) tmp[s] = tr[s * a.ts];
+          sv = _mm512_add_ps(sv, _mm512_load_ps(tmp));
+        }
+      }
+      _mm512_mask_storeu_ps(scores + g * npad + j0, cm, sv);
+      const __m512 mx = _mm512_loadu_ps(mxbuf + 16 * g);
+      _mm512_storeu_ps(mxbuf + 16 * g, _mm512_mask_max_ps(mx, cm, mx, sv));
+    }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t h = kh * G + g;
+    float* s = scores + g * npad;
+    // exp(s - max) in place, 16 at a time; the sum for normalising.
+    const Vec vmx(_mm512_reduce_max_ps(_mm512_loadu_ps(mxbuf + 16 * g)));
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 cm = first_lanes(n - j);
+      const Vec p = (Vec(_mm512_maskz_loadu_ps(cm, s + j)) - vmx).exp();
+      _mm512_mask_storeu_ps(s + j, cm, p);
+      vsum = _mm512_mask_add_ps(vsum, cm, vsum, p);
+    }
+    const float total = _mm512_reduce_add_ps(vsum);
+    // out = sum_j p_j v_j / total, in registers; two accumulator sets so that consecutive keys'
+    // FMAs do not wait on each other (one set is a chain of 4-cycle FMAs per key at E = 64). The
+    // first head's pass meets V in DRAM; the others find it in cache.
+    __m512 acc0[NV], acc1[NV];
+    for (int e = 0; e < NV; ++e) acc0[e] = acc1[e] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+      if (g == 0) ahead.advance(2 * a.Ev * 4);
+      const float* v0 = vb + j * a.vs2;
+      const float* v1 = v0 + a.vs2;
+      const __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
+      for (int e = 0; e < NV; ++e) {
+        acc0[e] = _mm512_fmadd_ps(p0, load(v0, e), acc0[e]);
+        acc1[e] = _mm512_fmadd_ps(p1, load(v1, e), acc1[e]);
+      }
+    }
+    if (j < n) {
+      if (g == 0) ahead.advance(a.Ev * 4);
+      const float* v0 = vb + j * a.vs2;
+      const __m512 p0 = _mm512_set1_ps(s[j]);
+      for (int e = 0; e < NV; ++e) acc0[e] = _mm512_fmadd_ps(p0, load(v0, e), acc0[e]);
+    }
+    float* oh = a.op + (b * a.H + h) * a.Ev;
+    const __m512 inv = _mm512_set1_ps(1.f / total);
+    for (int e = 0; e < NV; ++e) {
+      const __m512 r = _mm512_mul_ps(_mm512_add_ps(acc0[e], acc1[e]), inv);
+      if (e == NV - 1) _mm512_mask_storeu_ps(oh + 16 * e, em, r);
+      else _mm512_storeu_ps(oh + 16 * e, r);
+    }
+  }
+}
+
+using AttendFn = void (*)(const Args&, int64_t, float*, float*, int64_t, Ahead&);
+constexpr AttendFn ATTEND[9] = {nullptr, attend<1>, attend<2>, attend<3>, attend<4>, attend<5>, attend<6>, attend<7>, attend<8>};
+}  // namespace
+
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const c10::optional<torch::Tensor>& term, int64_t n, double scale) {
   using Vec = at::vec::Vectorized<float>;
@@ -129,6 +344,21 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
+  if (E == Ev && E <= 16 * 8) {
+    const AttendFn fn = ATTEND[(E + 15) / 16];
+    const Args args{qp, kp, vp, tp, op, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                    v.stride(0), v.stride(1), v.stride(2), tb, th, ts, H, K, G, E, Ev, n, sc};
+    const int64_t npad = (n + 15) / 16 * 16;
+    at::parallel_for(0, B * K, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(G * npad), mxbuf(G * 16);
+      Ahead ahead{kp, vp, args.ks0, args.ks1, args.ks2, args.vs0, args.vs1, args.vs2, K, n, E, Ev, begin, end};
+      ahead.open();
+      ahead.advance(AHEAD_LINES * 64);
+      for (int64_t task = begin; task < end; ++task) fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
+    });
+    return out;
+  }
+  // Other head sizes: one key at a time, the accumulator in memory.
   at::parallel_for(0, B * K, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(G * n), acc(Ev);
     for (int64_t task = begin; task < end; ++task) {
