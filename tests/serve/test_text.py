@@ -64,6 +64,44 @@ def test_incomplete_utf8_is_held_back():
     assert stream.add(byte_ids[1]) == ("é", False)
 
 
+class Counting:
+    """A tokenizer wrapper that records how many ids each decode call gets."""
+
+    def __init__(self, tok) -> None:
+        self.tok, self.sizes = tok, []
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.sizes.append(len(ids))
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+def metaspace_tokenizer():
+    """A SentencePiece-style tokenizer (Metaspace: "▁" for spaces, stripped at a sequence start)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    lines = ["the quick brown fox jumps over the lazy dog", "naïve café déjà vu, 日本語のテキスト"] * 50
+    tok.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>"]))
+    return tok
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "metaspace"])
+def test_incremental_text_equals_decoding_everything_and_reads_short_windows(kind):
+    tok = train_tokenizer() if kind == "byte-level" else metaspace_tokenizer()
+    text = "the naïve café: déjà vu! 日本語のテキスト, over the lazy dog " * 20
+    ids = tok.encode(text).ids
+    if kind == "byte-level":  # split é and the CJK characters' bytes over separate tokens too
+        ids = [tok.token_to_id(t) for t in "".join(tok.decode([i]) for i in ids[:5])] + ids
+        ids = [i for i in ids if i is not None] + [tok.token_to_id("Ã"), tok.token_to_id("©")]
+    counting = Counting(tok)
+    stream = TextStream(Texts(counting, tok.get_vocab_size()), ())
+    released = "".join(stream.add(i)[0] for i in ids) + stream.flush()
+    assert released == tok.decode(ids, skip_special_tokens=True)
+    assert len(ids) > 200 and max(counting.sizes) <= 8, "each token decodes a few ids, not the whole list"
+
+
 def test_ids_only_without_tokenizer():
     texts = Texts(None, 10)
     assert texts.decode([3, 4]) == "3 4"

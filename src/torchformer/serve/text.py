@@ -40,12 +40,20 @@ class Texts:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
+CONTEXT = 4  # ids of left context before the new ones in each decoded window
+
+
 class TextStream:
     """The text of a growing list of ids, released only when it is final.
 
-    Decoding the whole list each time (not token by token) keeps multi-token characters and
-    merges right; text is held back while it ends in an incomplete UTF-8 sequence (U+FFFD) or in
-    a prefix of a stop string, which may still complete across the next token boundary.
+    Each token decodes a short window of ids, not the whole list (which would cost O(n) per token,
+    O(n^2) per request): the window reads from CONTEXT ids before the last point where the text
+    was whole characters, and the new text is the window's decoding minus that of its part already
+    seen. Decoding both with the same left context keeps multi-token characters and merges right,
+    and keeps the space a SentencePiece decoder strips at a sequence start (or after a skipped
+    special token). Text is held back while it ends in an
+    incomplete UTF-8 sequence (U+FFFD) or in a prefix of a stop string, which may still complete
+    across the next token boundary.
     """
 
     def __init__(self, texts: Texts, stop: tuple[str, ...]) -> None:
@@ -53,11 +61,25 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # the decoded text of ids (up to a stop string once stopped)
         self.sent = 0  # characters of text already released
+        self.whole = ""  # the text of ids[:read], which ends in whole characters
+        self.start = self.read = 0  # the window: ids[start:]; the text of ids[:read] is in whole
+        self.seen = ""  # the decoding of ids[start:read]
 
     def add(self, token: int) -> tuple[str, bool]:
         """Append a token; return (newly final text, whether a stop string was reached)."""
         self.ids.append(token)
-        self.text = self.texts.decode(self.ids)
+        window = self.texts.decode(self.ids[self.start :])
+        if window.startswith(self.seen):
+            self.text = self.whole + window[len(self.seen) :]
+        else:  # a decoder whose window text does not extend its prefix's: decode it all
+            self.text = self.texts.decode(self.ids)
+        if not self.text.endswith("\ufffd"):  # whole characters: the next window reads from here
+            self.whole, self.read = self.text, len(self.ids)
+            self.start = max(0, self.read - CONTEXT)
+            self.seen = self.texts.decode(self.ids[self.start :])
+            while not self.seen and self.start > 0:  # only skipped (special) tokens: more context
+                self.start = max(0, self.start - CONTEXT)
+                self.seen = self.texts.decode(self.ids[self.start :])
         hit = self.first_stop()
         if hit is not None:
             self.text = self.text[:hit]

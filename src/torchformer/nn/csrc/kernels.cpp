@@ -465,10 +465,13 @@ torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& weight) 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) { m.def("panel_linear(Tensor x, Tensor weight) -> Tensor"); }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear); }
 
+// The two kernels run without the GIL: a server's event loop thread goes on while the engine
+// thread computes (both only read their tensor arguments, which the caller keeps alive).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("register_panels", &register_panels, "use these panels for this weight while it is unchanged");
   m.def("unregister_panels", &unregister_panels, "forget the weight's panels");
   m.def("has_panels", &has_panels, "whether the weight has current panels");
-  m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels");
-  m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys");
+  m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
+  m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
 }
