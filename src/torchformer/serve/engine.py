@@ -2,15 +2,16 @@
 
 Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled and timed-out
 requests, admit waiting ones FIFO into free rows (the prompts admitted together are prefilled in
-batches over consecutive rows, ``prefill_batches``), then one batched decode step of (n, 1) tokens over rows 0..n-1 (n: one past the
-highest busy row; all R when compiled). Rows without a request feed a dummy token whose
-key/value go to the hidden slot (DESIGN section 4), so they change nothing. Eager steps take
-the key slots in use, rounded up to a multiple of SPAN; compiled ones the whole cache, one graph
-for the engine's life: on the CPU, SDPA reads only the slots some query can see either way
-(nn/backends.py, ``prefix_sdpa``). The projections' weights are packed while the engine runs
-(nn/packed.py: panels for the native kernel, else oneDNN; a second copy of the weights). A freed row is
-reused without clearing: the cache mask is built from positions, so the stale keys beyond the new
-prompt are invisible until overwritten (each decode token writes its slot before attending).
+batches over consecutive rows, ``prefill_batches``), then one batched decode step of (n, 1)
+tokens over rows 0..n-1 (n: one past the highest busy row; all R when compiled). Rows without a
+request feed a dummy token whose key/value go to the hidden slot (DESIGN section 4), so they
+change nothing. Eager steps take the key slots in use, rounded up to a multiple of SPAN;
+compiled ones the whole cache, one graph for the engine's life: on the CPU, SDPA reads only the
+slots some query can see either way (nn/backends.py, ``prefix_sdpa``). The projections' weights
+are packed while the engine runs (nn/packed.py: panels for the native kernel, else oneDNN; a
+second copy of the weights). A freed row is reused without clearing: the cache mask is built
+from positions, so the stale keys beyond the new prompt are invisible until overwritten (each
+decode token writes its slot before attending).
 """
 
 from __future__ import annotations
