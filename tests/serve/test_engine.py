@@ -158,6 +158,63 @@ def test_requests_arriving_together_are_prefilled_in_one_batch_and_each_equals_g
         assert sink.end == Done("length", len(prompt), n)
 
 
+def test_a_request_failing_to_start_leaves_its_batch_mates_exact(tiny, monkeypatch):
+    from torchformer.serve.jobs import Job
+
+    real = Job.start
+
+    def start(self, row, vocab_size, device):
+        if self.prompt == [9, 9, 9]:  # the poisoned request, in the middle row of the batch
+            raise RuntimeError("boom in start")
+        return real(self, row, vocab_size, device)
+
+    monkeypatch.setattr(Job, "start", start)
+    engine = make_engine(tiny, slots=3)
+    prompts = [[1, 2], [9, 9, 9], [4, 5, 6, 7]]
+    sinks = [Collect() for _ in prompts]
+    try:
+        with engine.wake:
+            for prompt, sink in zip(prompts, sinks):
+                engine.submit(prompt, options(5), sink)
+        assert all(sink.ended.wait(10) for sink in sinks)
+        assert engine.healthy
+    finally:
+        engine.stop()
+    assert isinstance(sinks[1].end, Failed) and "boom in start" in sinks[1].end.error.message
+    for i in (0, 2):
+        assert sinks[i].tokens == generate_alone(tiny, prompts[i], 5, {})
+
+
+def test_a_failing_batched_prefill_fails_its_requests_and_the_engine_goes_on(tiny, monkeypatch):
+    import torchformer.serve.engine as engine_module
+
+    real, calls = engine_module.prefill_rows, []
+
+    def prefill_rows(*args):
+        calls.append(len(args[3]))
+        if len(calls) == 1:
+            raise RuntimeError("boom in prefill")
+        return real(*args)
+
+    monkeypatch.setattr(engine_module, "prefill_rows", prefill_rows)
+    engine = make_engine(tiny, slots=2)
+    try:
+        first = [Collect(), Collect()]
+        with engine.wake:
+            for sink in first:
+                engine.submit([1, 2, 3], options(4), sink)
+        assert all(sink.ended.wait(10) for sink in first)
+        later = Collect()
+        engine.submit([1, 2, 3], options(4), later)
+        assert later.ended.wait(10)
+    finally:
+        engine.stop()
+    assert calls[0] == 2, "the two requests shared one prefill"
+    assert all(isinstance(s.end, Failed) and s.end.error.status == 500 for s in first)
+    assert "boom in prefill" in first[0].end.error.message
+    assert later.tokens == generate_alone(tiny, [1, 2, 3], 4, {}) and engine.error is None
+
+
 def test_prefill_batches_are_runs_of_consecutive_rows_within_the_token_and_padding_limits():
     from torchformer.serve.engine import PAD_SLACK, PREFILL_TOKENS, prefill_batches
 
