@@ -162,3 +162,19 @@ def test_bad_arguments_are_clear_errors():
     s2s = build(variants(("encoder_decoder",))[0])
     with pytest.raises(ValueError, match=r"needs a DecoderLM target; model is an EncoderDecoder"):
         tfm.generate(s2s, ids, max_new_tokens=4, draft_model=model, decoder_start_token_id=0)
+
+
+def test_the_verify_chunk_runs_over_packed_weights_from_three_rows(monkeypatch):
+    from torchformer.nn import packed
+
+    model = build(DECODERS[0], init_std=0.1)
+    calls, real = [], packed.pack
+    monkeypatch.setattr(packed, "pack", lambda m: (calls.append(m), real(m))[1])
+    ids = torch.tensor([[3, 8, 5, 3, 8, 5, 3]])
+    plain = tfm.generate(model, ids, max_new_tokens=12)
+    assert calls == []  # batch 1: one-row products, no packed copy
+    for k, packs in ((1, 0), (2, 1), (4, 1)):  # k + 1 rows per verify chunk
+        calls.clear()
+        assert torch.equal(tfm.generate(model, ids, max_new_tokens=12, prompt_lookup_num_tokens=k), plain)
+        assert calls == [model] * packs, f"k={k}"
+    assert packed._COPIES == {}, "the copies go when generation ends"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..nn.packed import packed
 from .request import Request
 from .sampling import Sampling, argmax, process, sample
 from .steps import chunk_step, step_function
@@ -135,6 +136,12 @@ class LookupProposer:
 @torch.inference_mode()
 def speculate(model, req: Request, s: Sampling, generator, compiled: bool, proposer_of, k: int, stats: Acceptance):
     """Yield each new token (1,); ``proposer_of(prompt, max_len)`` makes the proposer."""
+    # The target's verify chunk multiplies k + 1 rows by every weight: packed products (nn/packed.py).
+    with packed(model, k + 1):
+        yield from rounds(model, req, s, generator, compiled, proposer_of, k, stats)
+
+
+def rounds(model, req: Request, s: Sampling, generator, compiled: bool, proposer_of, k: int, stats: Acceptance):
     prompt = req.input_ids if req.attention_mask is None else req.input_ids[:, req.attention_mask[0].bool()]
     P, budget = prompt.shape[1], req.max_new_tokens
     max_len = min(model.config.max_seq_len, P + budget + k)

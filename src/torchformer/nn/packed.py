@@ -20,9 +20,10 @@ benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
 One or two rows stay with nn/linear.py's routes (MKL's W @ [x; x]^T, inductor's row sums).
 A packed copy costs a second copy of each weight and tens of ms per 100 MB to make, so packing is
 explicit and scoped: ``packed(model)`` packs every Linear for the duration of a ``with``
-(generate does it for decode batches of >= MIN_ROWS rows on the CPU; the serving engine for its
-lifetime). Correctness never depends on it: the product goes through the custom op
-``torchformer::packed_mm``, which finds the weight's packed copy by storage and version and
+(generate does it for decode batches of >= MIN_ROWS rows on the CPU, and for speculative verify
+chunks of k + 1 >= MIN_ROWS rows; the serving engine for its lifetime). Correctness never
+depends on it: the product goes through a custom op (``torchformer::panel_linear`` or
+``torchformer::packed_mm``), which finds the weight's packed copy by storage and version and
 multiplies plainly when there is none or the weight has changed since (an optimizer step, a
 load_state_dict). The op is opaque to torch.compile, so a compiled decode step calls it like any
 extern kernel; whether and how a Linear routes through it is the trace-time constant
