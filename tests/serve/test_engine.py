@@ -216,7 +216,7 @@ def test_a_failing_batched_prefill_fails_its_requests_and_the_engine_goes_on(tin
 
 
 def test_prefill_batches_are_runs_of_consecutive_rows_within_the_token_and_padding_limits():
-    from torchformer.serve.engine import PAD_SLACK, PREFILL_TOKENS, prefill_batches
+    from torchformer.serve.rows import PAD_SLACK, PREFILL_TOKENS, prefill_batches
 
     def lengths(*pairs):
         return prefill_batches([(row, [1] * t) for row, t in pairs])
