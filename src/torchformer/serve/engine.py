@@ -253,6 +253,7 @@ class Engine:
                 self.free(job)
 
     def fail(self, job: Job, what: str, err: Exception) -> None:
+        """Fail one request with a 500 saying what failed (called inside its except block)."""
         log.exception("%s: request %s", what, job.id)
         job.fail(APIError(500, f"{what}: {err!r}", type="server_error"), self.metrics)
 
@@ -274,9 +275,8 @@ class Engine:
         try:
             logits = self.step_fn(self.model, ids, pos, live, self.views[n, length])  # (n, V)
         except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
-            log.exception("decode step failed")
             for job in jobs:
-                job.fail(APIError(500, f"the decode step failed: {err!r}", type="server_error"), self.metrics)
+                self.fail(job, "the decode step failed", err)
                 self.free(job)
             return
         tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
@@ -287,8 +287,7 @@ class Engine:
             try:
                 tokens[job.row] = job.sample(logits[job.row : job.row + 1])[0]
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                log.exception("sampling failed for request %s", job.id)
-                job.fail(APIError(500, f"sampling failed: {err!r}", type="server_error"), self.metrics)
+                self.fail(job, "sampling failed", err)
                 self.free(job)
                 failed.add(job.id)
         values = tokens.tolist()

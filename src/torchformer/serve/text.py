@@ -61,9 +61,9 @@ class TextStream:
         self.ids: list[int] = []
         self.text = ""  # the decoded text of ids (up to a stop string once stopped)
         self.sent = 0  # characters of text already released
-        self.whole = ""  # the text of ids[:read], which ends in whole characters
-        self.start = self.read = 0  # the window: ids[start:]; the text of ids[:read] is in whole
-        self.seen = ""  # the decoding of ids[start:read]
+        self.whole = ""  # the text of the ids up to the last point it ended in whole characters
+        self.start = 0  # the window: ids[start:], CONTEXT ids before that point
+        self.seen = ""  # the window's decoding up to that point
 
     def add(self, token: int) -> tuple[str, bool]:
         """Append a token; return (newly final text, whether a stop string was reached)."""
@@ -74,8 +74,7 @@ class TextStream:
         else:  # a decoder whose window text does not extend its prefix's: decode it all
             self.text = self.texts.decode(self.ids)
         if not self.text.endswith("\ufffd"):  # whole characters: the next window reads from here
-            self.whole, self.read = self.text, len(self.ids)
-            self.start = max(0, self.read - CONTEXT)
+            self.whole, self.start = self.text, max(0, len(self.ids) - CONTEXT)
             self.seen = self.texts.decode(self.ids[self.start :])
             while not self.seen and self.start > 0:  # only skipped (special) tokens: more context
                 self.start = max(0, self.start - CONTEXT)
