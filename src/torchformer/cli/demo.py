@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     if which not in DEMOS:
         raise ValueError(f"demo {which!r}: choose one of {list(DEMOS)}")
     recipe = "shakespeare-char" if which == "shakespeare" else "reverse"
-    ns = argparse.Namespace(recipe=recipe, data=None, out=None, device=None, resume=None, overrides=words)
+    ns = train_cli.parse(["--recipe", recipe, "--", *words])
     if which == "shakespeare":
         return train_cli.run(ns)
     return reverse(ns)

@@ -22,6 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
 
 
+def parse(argv: list[str]) -> argparse.Namespace:
+    """`argv` as `torchformer train` reads it: one parser and its defaults for every entry point that trains
+    (`demo` builds its arguments here, so a new option of `train` can never be missing from them)."""
+    p = argparse.ArgumentParser(prog="torchformer train")
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
 class BarReporter:
     """Progress bar with step, loss, lr, tokens/s and MFU; evaluation lines with loss and perplexity."""
 
