@@ -4,6 +4,11 @@ Every file goes into a hidden temporary sibling folder, is fsynced, and the fold
 place; the folder it replaces is moved aside first and deleted only after. A process killed at any
 moment (even by SIGKILL) leaves the previous folder intact and at most a hidden `.tmp_*` sibling.
 Used by `tfm.save`, `tfm.to_hf` and training checkpoints.
+
+What it may replace is checked first: a new path, an empty folder, or a folder holding only the
+files this write produces (an earlier save of the same kind, a checkpoint rewritten on resume).
+A folder with anything else in it, or a path that is a file, is refused before anything is
+written; ``force=True`` replaces any folder.
 """
 
 from __future__ import annotations
@@ -29,15 +34,39 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
+def check_target(path: Path, names: set[str], force: bool = False) -> None:
+    """Refuse to replace ``path`` when it is not a folder, or (unless force) when it holds
+    anything but files named in ``names``: replacing it would delete what the user keeps there."""
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise ValueError(f"{path} exists and is not a folder: refusing to replace it; give a folder path")
+    if force:
+        return
+    others = sorted(
+        f"{p.name}/" if p.is_dir() else p.name for p in path.iterdir() if not (p.is_file() and p.name in names)
+    )
+    if others:
+        shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+        raise ValueError(
+            f"{path} is not empty and not a folder this writes ({shown} in it would be deleted): write to a new or "
+            "empty folder, or replace it anyway with force=True (torchformer convert --force)"
+        )
+
+
 def write_folder(
     path: str | os.PathLike,
     *,
     tensors: Mapping[str, Mapping[str, Tensor]] | None = None,
     texts: Mapping[str, str] | None = None,
+    replaces: tuple[str, ...] = (),
+    force: bool = False,
 ) -> Path:
     """Create or replace folder ``path`` holding safetensors files (file name -> tensors) and text
-    files (file name -> content). Returns the path."""
+    files (file name -> content). An existing folder is replaced only if it holds nothing but
+    those files and the ones named in ``replaces`` (or with ``force``). Returns the path."""
     path = Path(path)
+    check_target(path, {*(tensors or {}), *(texts or {}), *replaces}, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent))
     old = None
@@ -61,3 +90,24 @@ def write_folder(
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+class NewFolders:
+    """The folders of ``paths`` that do not exist yet; as a context, removed again when the block
+    raises before ``keep()``. A training run refused on bad input that shows only after its data
+    was tokenized (a batch larger than the data, a broken model.init) leaves no folder behind."""
+
+    def __init__(self, *paths: str | os.PathLike) -> None:
+        self.new = [Path(p) for p in paths if not Path(p).exists()]
+        self.kept = False
+
+    def keep(self) -> None:
+        self.kept = True
+
+    def __enter__(self) -> NewFolders:
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None and not self.kept:
+            for folder in self.new:
+                shutil.rmtree(folder, ignore_errors=True)

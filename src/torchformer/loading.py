@@ -4,7 +4,6 @@ folder, or a preset name. The CLI commands (generate, attention, verify, plan, c
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from torch import nn
 from . import presets
 from .extras import require
 from .models.build import build_model
-from .models.saving import CONFIG_FILE, load
+from .models.saving import CONFIG_FILE, load, one_line, read_json
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -28,7 +27,7 @@ def model_kind(spec: str | os.PathLike) -> str:
             raise ValueError(
                 f"{path} has no {CONFIG_FILE}: not a torchformer checkpoint nor a Hugging Face model folder"
             )
-        return "hf" if "model_type" in json.loads(config.read_text()) else "torchformer"
+        return "hf" if "model_type" in read_json(config) else "torchformer"
     if str(spec) in presets.names():
         return "preset"
     raise ValueError(
@@ -55,4 +54,8 @@ def load_tokenizer(path: str | os.PathLike):
     file = Path(path) / TOKENIZER_FILE
     if not file.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}")
-    return require("tokenizers", extra="hf").Tokenizer.from_file(str(file))
+    tokenizers = require("tokenizers", extra="hf")
+    try:
+        return tokenizers.Tokenizer.from_file(str(file))
+    except Exception as err:  # the Rust side raises a bare Exception ("key must be a string at line 1 ...")
+        raise ValueError(f"{file}: not a tokenizer.json the tokenizers library can read ({one_line(err)})") from None

@@ -12,7 +12,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-hf", metavar="DIR", help="a local Hugging Face model folder to read")
     source.add_argument("--to-hf", metavar="CKPT", help="a torchformer checkpoint folder (or preset name) to export")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (replaced atomically if it exists)")
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help="folder to write: new, empty, or a model folder of the same kind (replaced atomically); "
+        "never the source folder, one inside it or one holding it",
+    )
+    p.add_argument("--force", action="store_true", help="replace --out even if it holds other files (they are lost)")
     p.add_argument(
         "--rope-pairing",
         choices=["half", "interleaved"],
@@ -34,7 +41,10 @@ def run(args: argparse.Namespace) -> int:
     torchformer convert --to-hf CKPT --out HF_DIR      torchformer checkpoint -> HF folder
     torchformer convert --from-hf HF_DIR --out CKPT --quantize int8   ... saved weight-only int8
 
-    tokenizer.json is copied along when the source folder has one. Nothing is downloaded.
+    tokenizer.json is copied along when the source folder has one. Nothing is downloaded. An
+    existing --out is replaced only when it is empty or a model folder of the kind written (its
+    files are the ones the conversion writes); --force replaces any folder. Nothing is written
+    when the conversion fails.
     """
     from .. import load_any, quantize, save
     from ..interop import from_hf, to_hf
@@ -43,21 +53,34 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantize {args.quantize} works with --from-hf (HF folders hold float weights)")
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
+    check_out(args.from_hf or args.to_hf, args.out)
     if args.from_hf is not None:
         model = from_hf(args.from_hf, rope_pairing=args.rope_pairing, strict=not args.no_strict)
         n_params = sum(p.numel() for p in model.parameters())
         if args.quantize is not None:
             model = quantize(model, args.quantize, group_size=args.group_size)
-        out = save(model, args.out, extra_files=_tokenizer(args.from_hf))
+        out = save(model, args.out, extra_files=_tokenizer(args.from_hf), force=args.force)
         kind = f"torchformer checkpoint ({model.config.arch}, {n_params:,} params"
         kind += f", {args.quantize} weights)" if args.quantize else ")"
     else:
         model = load_any(args.to_hf)
         text = _tokenizer(args.to_hf).get(TOKENIZER)
-        out = to_hf(model, args.out, model_type=args.model_type, tokenizer=text)
+        out = to_hf(model, args.out, model_type=args.model_type, tokenizer=text, force=args.force)
         kind = "Hugging Face folder"
     print(f"wrote {kind} to {out}")
     return 0
+
+
+def check_out(source: str, out: str) -> None:
+    """--out may not be the source folder, inside it or around it: replacing it would delete the
+    source (even with --force). A preset name as --to-hf has no folder."""
+    src, dst = Path(source).resolve(), Path(out).resolve()
+    if not Path(source).is_dir():
+        return
+    if dst == src or dst.is_relative_to(src):
+        raise ValueError(f"--out {out!r} is the source folder {source!r} or inside it: write to another folder")
+    if src.is_relative_to(dst):
+        raise ValueError(f"--out {out!r} holds the source folder {source!r}: replacing it would delete the source")
 
 
 def _tokenizer(folder: str) -> dict[str, str]:

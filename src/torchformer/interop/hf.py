@@ -26,8 +26,7 @@ from torch import nn
 
 from ..atomic import write_folder
 from ..config import ModelConfig, RoPE
-from ..models.build import build_model
-from ..models.saving import materialize, unique_state
+from ..models.saving import build_meta, check_fits, materialize, read_json, unique_state
 from ..nn.quant import QuantLinear
 from . import (
     hf_bart,
@@ -46,7 +45,7 @@ from . import (
     hf_t5,
     hf_xlm_roberta,
 )
-from .hf_config import config_dtype
+from .hf_config import check_sizes, config_dtype
 from .reader import SafetensorsFolder
 
 FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks the first that fits
@@ -89,9 +88,10 @@ def read_hf_config(path: str | os.PathLike) -> dict:
     file = folder / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{folder} has no config.json: not a Hugging Face model folder")
-    hf = json.loads(file.read_text())
+    hf = read_json(file)
     if hf.get("model_type") not in FAMILIES:
         raise ValueError(f"model_type={hf.get('model_type')!r} in {file} is not supported; supported: {list(FAMILIES)}")
+    check_sizes(hf, file)
     return hf
 
 
@@ -109,6 +109,8 @@ def _configs(path: str | os.PathLike, rope_pairing: str) -> tuple[dict, ModelCon
     except KeyError as missing:  # a required key (hidden_size, d_model, ...) the family cannot default
         needs = f"which model_type={hf['model_type']!r} needs"
         raise ValueError(f"config.json of {path} lacks {missing}, {needs}") from None
+    except (TypeError, AttributeError) as err:  # a value of the wrong kind (a list where a number goes, ...)
+        raise ValueError(f"{Path(path) / 'config.json'}: a setting has the wrong type ({err})") from None
     if rope_pairing != "half":
         if not isinstance(cfg.positions, RoPE):
             raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")
@@ -138,8 +140,8 @@ def from_hf(
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype={dtype!r}: must be None, a torch.dtype or 'config'")
     reader = SafetensorsFolder(Path(path), device=str(device))
-    with torch.device("meta"):
-        model = build_model(cfg)
+    check_fits(cfg, reader.shapes, Path(path) / "config.json", Path(path))  # before building: 1e6 layers take minutes
+    model = build_meta(cfg, Path(path) / "config.json")
     ours = unique_state(model)
     keymap = family.keymap(cfg, reader.names)
     expected = keymap.to_theirs(ours)
@@ -182,12 +184,18 @@ def check_tensors(folder: Path, found: dict, expected: dict, family: ModuleType,
 
 
 def to_hf(
-    model: nn.Module, out_dir: str | os.PathLike, *, model_type: str | None = None, tokenizer: str | None = None
+    model: nn.Module,
+    out_dir: str | os.PathLike,
+    *,
+    model_type: str | None = None,
+    tokenizer: str | None = None,
+    force: bool = False,
 ) -> Path:
     """Write ``model`` as a folder transformers' ``AutoModel*.from_pretrained`` loads: config.json,
     model.safetensors and generation_config.json (where the family has one). The family is
     inferred from the config (model_type forces one). tokenizer: tokenizer.json text to add.
-    The folder is written beside ``out_dir`` and renamed into place. Returns the path.
+    The folder is written beside ``out_dir`` and renamed into place; an existing folder is replaced
+    only when it is empty or holds just these files (force=True: any folder). Returns the path.
     """
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ModelConfig):
@@ -205,7 +213,8 @@ def to_hf(
     if tokenizer is not None:
         files["tokenizer.json"] = tokenizer
     tensors = {name: t.detach().contiguous() for name, t in state.tensors.items()}
-    return write_folder(out_dir, tensors={"model.safetensors": tensors}, texts=files)
+    again = ("generation_config.json", "tokenizer.json")  # an earlier export's, with or without them
+    return write_folder(out_dir, tensors={"model.safetensors": tensors}, texts=files, replaces=again, force=force)
 
 
 def check_unquantized(model: nn.Module) -> None:

@@ -21,6 +21,28 @@ ACTIVATIONS = {
 # Our word -> the HF name written on export.
 HF_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+# The count and width keys of the supported families' config.json files: each must be an integer.
+SIZE_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "max_position_embeddings", "type_vocab_size",
+    "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "n_ctx",  # GPT-2
+    "d_model", "d_ff", "d_kv", "num_layers", "num_decoder_layers", "num_heads",  # T5
+    "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_ffn_dim", "decoder_ffn_dim",  # BART, Marian
+    "dim", "hidden_dim", "n_layers", "n_heads",  # DistilBERT
+    "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "shared_expert_intermediate_size", "n_routed_experts", "n_shared_experts", "first_k_dense_replace",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",  # DeepSeek
+)  # fmt: skip
+
+
+def check_sizes(hf: dict[str, Any], file) -> None:
+    """Sizes of the wrong type ("4" for num_hidden_layers) or sign are named before any family
+    reads them: multiplied deep inside a family's code they fail with a message about str * int."""
+    for key in SIZE_KEYS:
+        value = hf.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{file}: {key}={value!r} must be a non-negative integer")
 
 
 def biased_layernorm_rules(cfg: ModelConfig, placement: str) -> list[tuple[bool, str]]:

@@ -7,11 +7,11 @@ Pickled ``pytorch_model.bin`` files are never opened (they can execute code).
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from pathlib import Path, PurePath
 
-from safetensors import SafetensorError, safe_open
 from torch import Tensor
+
+from ..models.saving import header_shapes, open_safetensors, read_json, read_tensor
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
@@ -22,17 +22,19 @@ class SafetensorsFolder:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self._where = {}
         for file in files:
-            handle = _open(file, device)
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not iterable)
-                self._where[name] = handle
-                self.shapes[name] = tuple(handle.get_slice(name).get_shape())
+            handle = open_safetensors(file, device)
+            for name, shape in header_shapes(handle).items():
+                self._where[name] = (handle, file)
+                self.shapes[name] = shape
 
     @staticmethod
     def _files(folder: Path) -> list[Path]:
         if (folder / INDEX).is_file():
-            weight_map = json.loads((folder / INDEX).read_text()).get("weight_map")
+            weight_map = read_json(folder / INDEX).get("weight_map")
             if not isinstance(weight_map, dict) or not weight_map:
                 raise ValueError(f"{folder / INDEX} has no 'weight_map' of tensor name -> shard file")
+            for name, shard in weight_map.items():
+                check_shard(folder / INDEX, name, shard)
             files = [folder / name for name in sorted(set(weight_map.values()))]
             absent = [f.name for f in files if not f.is_file()]
             if absent:
@@ -52,11 +54,17 @@ class SafetensorsFolder:
         return list(self.shapes)
 
     def get(self, name: str) -> Tensor:
-        return self._where[name].get_tensor(name)
+        handle, file = self._where[name]
+        return read_tensor(handle, name, file)
 
 
-def _open(file: Path, device: str):
-    try:
-        return safe_open(str(file), framework="pt", device=device)
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{file} is not a readable safetensors file (truncated or corrupt?): {err}") from err
+def check_shard(index: Path, name: str, shard) -> None:
+    """A weight_map entry must name a file inside the folder: an index is data from whoever made
+    the folder, and '../../etc/passwd' or '/abs/path' would open files elsewhere. Checked on the
+    text, not the resolved path: hub caches link shards to blobs outside the snapshot folder."""
+    path = PurePath(shard) if isinstance(shard, str) else None
+    if path is None or path.is_absolute() or ".." in path.parts or not path.parts:
+        raise ValueError(
+            f"{index}: weight_map[{name!r}] = {shard!r} is not a file name inside the folder "
+            "(shards must be relative paths without '..')"
+        )

@@ -17,11 +17,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from ..atomic import TMP_PREFIX, fsync_path, write_folder
-from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, unique_state
+from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, load_safetensors, read_json, unique_state
 
 STATE, OPTIM, RNG, TOKENIZER = "state.json", "optimizer.safetensors", "rng.safetensors", "tokenizer.json"
 ADAPTERS = "adapters.safetensors"  # a LoRA run's checkpoint: adapter tensors only (finetune.py)
@@ -100,7 +99,8 @@ def save_checkpoint(
         STATE: json.dumps({**state, "optimizer": optim[1]}, indent=1),
     }
     tensors = {weights_file or WEIGHTS_FILE: model_state, OPTIM: optim[0], RNG: rng}
-    final = write_folder(ckpts / f"step_{step:06d}", tensors=tensors, texts=texts)
+    # A resumed run rewrites the step it resumed from: a full run's or a LoRA run's files.
+    final = write_folder(ckpts / f"step_{step:06d}", tensors=tensors, texts=texts, replaces=(WEIGHTS_FILE, ADAPTERS))
     _export(final, run_dir)
     _prune(ckpts, keep_last)
     return final
@@ -148,10 +148,10 @@ def load_checkpoint(path: Path) -> dict:
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path} is not a training checkpoint: {name} is missing")
     return {
-        "model": load_file(str(path / weights)),
-        "optim": load_file(str(path / OPTIM)),
-        "rng": load_file(str(path / RNG)),
-        "state": json.loads((path / STATE).read_text()),
+        "model": load_safetensors(path / weights),
+        "optim": load_safetensors(path / OPTIM),
+        "rng": load_safetensors(path / RNG),
+        "state": read_json(path / STATE),
         "tokenizer_json": (path / TOKENIZER).read_text(),
     }
 
