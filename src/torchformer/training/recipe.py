@@ -6,22 +6,18 @@ errors that list what is allowed. The model section is a preset name plus ModelC
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import presets
 from ..config import ModelConfig
-from ..extras import require
+from ..models.checks import check_fits_memory
+from .recipe_files import apply_overrides, read_file
 
 TASKS = ("lm", "mlm", "seq2seq")
 PRECISIONS = ("auto", "fp32", "bf16")
-# Recipes ship inside the package (package data), so a bare name works from an installed wheel too.
-RECIPES = importlib.resources.files("torchformer") / "recipes"
 
 
 SYNTHETIC_DEFAULTS = {
@@ -194,20 +190,6 @@ def _check_types(cls: type, section: dict[str, Any], where: str) -> None:
             raise ValueError(f"{where}.{f.name}={value!r}: must be {f.type}")
 
 
-def _numbers(value: Any) -> Any:
-    """YAML 1.1 reads '3e-4' (no dot) as a string; recipes mean the number."""
-    if isinstance(value, dict):
-        return {k: _numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_numbers(v) for v in value]
-    if isinstance(value, str) and _FLOAT.match(value):
-        return float(value)
-    return value
-
-
-_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-
-
 def from_dict(raw: dict[str, Any]) -> Recipe:
     allowed = {"name", "model", *SECTIONS}
     unknown = sorted(set(raw) - allowed)
@@ -216,6 +198,8 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     kwargs: dict[str, Any] = {}
     for name, cls in SECTIONS.items():
         section = raw.get(name) or {}
+        if not isinstance(section, dict):
+            raise ValueError(f"recipe section {name} must be a mapping of settings, got {section!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         bad = sorted(set(section) - known)
         if bad:
@@ -230,8 +214,8 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
         from .finetune import check_init
 
         check_init(recipe.model)
-    else:
-        recipe.model_config(8, {})  # validate model changes now (vocab_size is filled in from the tokenizer later)
+    else:  # validate model changes now (vocab_size is filled in from the tokenizer later)
+        check_fits_memory(recipe.model_config(8, {}), "model")
     return recipe
 
 
@@ -266,54 +250,6 @@ def check(recipe: Recipe) -> None:
         problems.append(f"data.eval_file={d.eval_file!r}: no such file (a UTF-8 text file to score at the end)")
     if problems:
         raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """'optim.lr=3e-4' -> (['optim', 'lr'], 0.0003); values are parsed as YAML scalars/lists."""
-    yaml = require("yaml")
-
-    if "=" not in text:
-        raise ValueError(f"override {text!r}: expected section.key=value, e.g. optim.lr=3e-4")
-    path, value = text.split("=", 1)
-    keys = path.strip().split(".")
-    if len(keys) < 2 and keys[0] != "name":
-        raise ValueError(f"override {text!r}: name a section and a key, e.g. train.steps=100")
-    return keys, _numbers(yaml.safe_load(value)) if value.strip() else ""
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    raw = json.loads(json.dumps(raw))  # deep copy of plain data
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = raw
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {text!r}: {key} is not a section")
-        node[keys[-1]] = value
-    return raw
-
-
-def read_file(path: str | Path) -> dict[str, Any]:
-    """A recipe file (YAML or JSON) as plain data; a bare name is one of the packaged recipes."""
-    yaml = require("yaml")
-
-    p = Path(path)
-    if not p.exists() and not p.suffix and (RECIPES / f"{p}.yaml").is_file():
-        p = RECIPES / f"{p}.yaml"
-    if not p.is_file():
-        raise FileNotFoundError(
-            f"recipe {str(path)!r} not found: give a YAML/JSON file or one of the packaged recipes {recipe_names()}"
-        )
-    data = _numbers(json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text()) or {})
-    if not isinstance(data, dict):
-        raise ValueError(f"recipe {p} must be a mapping of sections, got {type(data).__name__}")
-    return data
-
-
-def recipe_names() -> list[str]:
-    """The recipes that ship with torchformer (``torchformer train --recipe NAME``)."""
-    return sorted(f.name.removesuffix(".yaml") for f in RECIPES.iterdir() if f.name.endswith(".yaml"))
 
 
 def load(path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:

@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..analysis.accounting import flops_per_token, matmul_peak_flops
+from ..atomic import NewFolders
 from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
@@ -74,6 +75,8 @@ def train(
         scope.callback(dist.teardown)
         scope.enter_context(determinism.deterministic(exact, rt.device))  # before the model is built
         out = Path(t.out_dir)
+        found = resume_point(resume, out)  # a bad --resume path is refused before any data is written
+        made = scope.enter_context(NewFolders(*([out, out / "data"] if rt.is_main else [])))  # gone if setup fails
         data = load_data(recipe, out, rt)
         batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
         tok = data.tokenizer
@@ -97,12 +100,12 @@ def train(
         )
         start, elapsed, window = 0, 0.0, (0.0, 0)
         facts = determinism.run_facts(exact, rt.world)
-        found = resume_point(resume, out)
         if found is not None:
             finetune.check_resume(recipe, found)  # the adapters' base: same init, LoRA and quantization
             start, elapsed, window = restore(found, model, optimizer, rt, recipe.dist.strategy, facts)
             reporter.message(f"resumed from {found} at step {start}")
         metrics_file = out / "metrics.jsonl"
+        made.keep()
         if rt.is_main:
             out.mkdir(parents=True, exist_ok=True)
             truncate_metrics(metrics_file, start) if metrics_file.exists() else None
