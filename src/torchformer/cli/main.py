@@ -1,12 +1,16 @@
 """`torchformer <command>`: the dispatcher. Each command lives in its own module exposing
 ``add_arguments(parser)`` and ``run(args) -> int``; the docstring of ``run`` is the command's help.
 Modules are imported only when their command runs, so `torchformer plan` never imports training.
+
+A user error (a bad argument or input file) is one line on stderr and exit status 2; ``--debug``
+(anywhere on the command line) or ``TORCHFORMER_DEBUG=1`` shows its traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from .._version import __version__
@@ -24,13 +28,37 @@ COMMANDS = {
     "eval": "torchformer.cli.eval",
     "embed": "torchformer.cli.embed",
 }
+# OSError covers a path that is a folder, unreadable or missing (FileNotFoundError).
+USER_ERRORS = (ValueError, TypeError, OSError, MissingExtra)
+DEBUG_HELP = "show the traceback of an error (also: TORCHFORMER_DEBUG=1)"
+
+
+def debugging(argv: list[str]) -> bool:
+    return "--debug" in argv or os.environ.get("TORCHFORMER_DEBUG", "").strip() not in ("", "0")
+
+
+def command_parser(name: str) -> argparse.ArgumentParser:
+    """The parser of `torchformer NAME`: the command module's own arguments, its ``run`` docstring
+    as the help text (also what the docs site's CLI reference is generated from)."""
+    module = importlib.import_module(COMMANDS[name])
+    sub = argparse.ArgumentParser(
+        prog=f"torchformer {name}",
+        description=(module.run.__doc__ or "").strip(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    module.add_arguments(sub)
+    sub.add_argument("--debug", action="store_true", help=DEBUG_HELP)
+    return sub
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    debug = debugging(argv)
+    argv = [a for a in argv if a != "--debug"]
     parser = argparse.ArgumentParser(prog="torchformer", description="The Transformer, all three shapes.")
     parser.add_argument("command", choices=sorted(COMMANDS), help="what to do")
     parser.add_argument("--version", action="version", version=f"torchformer {__version__}")
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     if not argv or argv[0] in ("-h", "--help", "--version"):
         if argv and argv[0] == "--version":
             parser.parse_args(argv)  # prints the version and exits 0
@@ -39,16 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {sorted(COMMANDS)}")
     module = importlib.import_module(COMMANDS[argv[0]])
-    sub = argparse.ArgumentParser(
-        prog=f"torchformer {argv[0]}",
-        description=(module.run.__doc__ or "").strip(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    module.add_arguments(sub)
-    args = sub.parse_args(argv[1:])
+    args = command_parser(argv[0]).parse_args(argv[1:])
     try:
         return int(module.run(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError, MissingExtra) as err:
+    except USER_ERRORS as err:
+        if debug:
+            raise
         # User errors are raised with a teaching message at the boundary: show it, no traceback.
         print(f"torchformer {argv[0]}: error: {err}", file=sys.stderr)
         return 2
