@@ -49,8 +49,8 @@ def check_target(path: Path, names: set[str], force: bool = False) -> None:
     if others:
         shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
         raise ValueError(
-            f"{path} is not empty and not a folder this writes ({shown} in it would be deleted): write to a new or "
-            "empty folder, or replace it anyway with force=True (torchformer convert --force)"
+            f"{path} holds files that are not part of the model folder being written ({shown}): replacing it "
+            "would delete them; write to a new or empty folder, or pass force=True (torchformer convert --force)"
         )
 
 

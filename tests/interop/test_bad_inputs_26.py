@@ -88,7 +88,7 @@ def test_to_hf_replaces_an_export_but_not_other_files(hf, tmp_path):
     model = from_hf(hf)
     to_hf(model, hf)  # an earlier export (config.json, generation_config.json, model.safetensors)
     (hf / "README.md").write_text("mine")
-    with pytest.raises(ValueError, match=r"hf is not empty and not a folder this writes \(README.md in it"):
+    with pytest.raises(ValueError, match=r"hf holds files that are not part of the model folder .*\(README.md\)"):
         to_hf(model, hf)
     assert (hf / "README.md").read_text() == "mine"
     to_hf(model, hf, force=True)
@@ -104,7 +104,7 @@ def test_convert_replaces_its_own_output_and_force_replaces_any_folder(hf, tmp_p
     (out / "notes.txt").write_text("mine")
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "notes.txt in it would be deleted" in err and "--force" in err and (out / "notes.txt").is_file()
+    assert "(notes.txt): replacing it would delete them" in err and "--force" in err and (out / "notes.txt").is_file()
     assert main([*args, "--force"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert main(["convert", "--from-hf", str(hf), "--out", str(hf), "--force"]) == 2  # never the source

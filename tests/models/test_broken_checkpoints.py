@@ -99,7 +99,7 @@ def test_save_replaces_a_checkpoint_but_not_a_folder_of_other_files(ckpt, tmp_pa
     (mine / "notes.txt").write_text("keep me")
     (mine / "sub").mkdir()
     before = digest(mine)
-    with pytest.raises(ValueError, match=r"mine is not empty and not a folder this writes \(notes.txt, sub/ in it"):
+    with pytest.raises(ValueError, match=r"mine holds files that are not part of the model .*\(notes.txt, sub/\)"):
         tfm.save(model, mine)
     assert digest(mine) == before == {"notes.txt": hashlib.sha256(b"keep me").hexdigest(), "sub": True}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
