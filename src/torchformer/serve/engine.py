@@ -16,7 +16,6 @@ overwritten (each decode token writes its slot before attending).
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -28,13 +27,15 @@ from ..generation.steps import steady
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache
 from ..nn.packed import packed
+from .admission import Admission
 from .jobs import Event, Job
 from .metrics import Metrics
-from .protocol import APIError, Params
+from .protocol import APIError, Params, new_tokens
 from .rows import decode_rows, prefill_batches, prefill_rows, rows_view, span
 from .text import Texts
 
 log = logging.getLogger(__name__)
+SHUTTING_DOWN = APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
 class Engine:
@@ -59,12 +60,13 @@ class Engine:
         self.stall_timeout = stall_timeout  # no loop turn for this long: /health says the engine is stuck
         self.beat = time.monotonic()  # the last turn of the engine loop
         self.metrics = Metrics()
-        self.waiting: collections.deque[Job] = collections.deque()
+        self.admission = Admission(slots, max_queue)
+        self.wake = self.admission.wake  # the condition the engine sleeps on while idle
         self.rows: list[Job | None] = [None] * slots
-        self.wake = threading.Condition()
         self.ready = False
         self.error: BaseException | None = None  # why the thread died
         self.stopping = False
+        self.closing_at: float | None = None  # shutting down: running requests end at this time
         self.texts: Texts | None = None
         self.context = 0  # prompt + new tokens a request may use (the model's max_seq_len)
         # OpenMP's thread count is per calling thread: the engine thread uses its creator's setting.
@@ -83,19 +85,32 @@ class Engine:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
+    def drain(self, grace: float) -> None:
+        """Shutting down: waiting requests end now with a 503, running ones after ``grace`` s."""
+        with self.wake:
+            self.closing_at = time.monotonic() + grace
+            self.wake.notify_all()
+
+    waiting = property(lambda self: self.admission.waiting)
+
     @property
     def healthy(self) -> bool:
-        """Loaded, alive and stepping (a turn of the loop within stall_timeout)."""
-        return self.ready and self.error is None and self.thread.is_alive() and not self.stalled
+        """Loaded, alive and stepping (a turn of the loop within stall_timeout), not shutting down."""
+        alive = self.ready and self.error is None and self.thread.is_alive()
+        return alive and not self.stalled and self.closing_at is None
 
     @property
     def stalled(self) -> bool:
         return time.monotonic() - self.beat > self.stall_timeout
 
     def state(self) -> str:
-        """Why the engine is not healthy, in words (for /health and 503 answers)."""
+        """Why the engine is not healthy, in a few words (for /health and 503 answers: the
+        exception's text, with its paths, is for the server log only)."""
         if self.error is not None or (self.ready and not self.thread.is_alive()):
-            return f"the engine stopped: {self.error!r}"
+            what = "the engine stopped" if self.ready else "the model did not load"
+            return what + (f" ({type(self.error).__name__}); see the server log" if self.error else "")
+        if self.closing_at is not None:
+            return "the server is shutting down"
         if not self.ready:
             return "the model is still loading"
         if self.stalled:
@@ -110,27 +125,8 @@ class Engine:
         """Queue a request (prompt ids), or raise the APIError that answers it."""
         if not self.healthy:
             raise APIError(503, f"not ready: {self.state()}", type="server_error", code="not_ready")
-        max_tokens = self.context - len(prompt) if params.max_tokens is None else params.max_tokens
-        if max_tokens < 1 or len(prompt) + max_tokens > self.context:
-            raise APIError(
-                400,
-                f"This model's maximum context length is {self.context} tokens. However, you requested "
-                f"{len(prompt) + max(max_tokens, 1)} tokens ({len(prompt)} in the prompt, "
-                f"{max(max_tokens, 1)} for the completion). Please reduce the prompt or max_tokens.",
-                param="messages" if params.max_tokens is None else "max_tokens",
-                code="context_length_exceeded",
-            )
-        job = Job(prompt, params, max_tokens, sink, self.texts, self.request_timeout)
-        with self.wake:
-            if len(self.waiting) >= self.max_queue:
-                raise APIError(
-                    429,
-                    f"the queue is full ({self.max_queue} waiting requests): retry later",
-                    type="rate_limit_error",
-                    code="queue_full",
-                )
-            self.waiting.append(job)
-            self.wake.notify_all()
+        job = Job(prompt, params, new_tokens(len(prompt), params, self.context), sink, self.texts, self.request_timeout)
+        self.admission.put(job)  # or the 429 / 503 that answers it
         return job
 
     def cancel(self, job: Job) -> None:
@@ -162,9 +158,12 @@ class Engine:
                     self.loop()
         except BaseException as err:  # noqa: BLE001 - any death is reported by /health and to the requests
             self.error = err
-            log.exception("the serving engine died")
+            if self.ready:
+                log.exception("the serving engine died")
+            else:  # a user's error (a bad folder): one line; the traceback at debug level
+                log.error("the model did not load: %s", err, exc_info=log.isEnabledFor(logging.DEBUG))
         finally:
-            self.fail_all(APIError(500, f"the serving engine stopped: {self.error!r}", type="server_error"))
+            self.fail_all(APIError(500, f"not served: {self.state()}", type="server_error"))
 
     def loop(self) -> None:
         while not self.stopping:
@@ -179,22 +178,27 @@ class Engine:
                         self.wake.wait(0.5)
 
     def fail_all(self, error: APIError) -> None:
-        with self.wake:
-            jobs = [*self.waiting, *(j for j in self.rows if j is not None)]
-            self.waiting.clear()
+        jobs = [*self.admission.clear(), *(j for j in self.rows if j is not None)]
         self.rows = [None] * self.slots
         for job in jobs:
             job.fail(error, self.metrics)
 
     def free(self, job: Job) -> None:
         self.rows[job.row] = None
+        self.admission.give_back()
 
     def drop(self) -> None:
-        """Cancelled rows are freed silently; rows past their deadline end with "length"."""
-        now = time.monotonic()
+        """Cancelled rows are freed silently; rows past their deadline end with "length". Shutting
+        down (drain), waiting requests end at once, running ones at closing_at, with a 503."""
+        now, closing = time.monotonic(), self.closing_at is not None
+        for job in self.admission.close() if closing else ():
+            job.fail(SHUTTING_DOWN, self.metrics)
         for job in [j for j in self.rows if j is not None]:
             if job.cancelled:
                 self.metrics.finish("cancelled")
+                self.free(job)
+            elif closing and now >= self.closing_at:
+                job.fail(SHUTTING_DOWN, self.metrics)
                 self.free(job)
             elif now > job.deadline:
                 job.finish("length", self.metrics)
@@ -203,16 +207,15 @@ class Engine:
     def admit(self) -> None:
         """Waiting requests FIFO into the free rows, prefilled in batches (``prefill_batches``);
         the shortest prompts take the lowest rows, so a batch pads little."""
-        now, free, jobs = time.monotonic(), [r for r, j in enumerate(self.rows) if j is None], []
-        with self.wake:
-            while self.waiting and len(jobs) < len(free):
-                jobs.append(self.waiting.popleft())
+        now, free = time.monotonic(), [r for r, j in enumerate(self.rows) if j is None]
         ready = []
-        for job in jobs:
+        for job in self.admission.take(len(free)):
             if job.cancelled:
                 self.metrics.finish("cancelled")
+                self.admission.give_back()
             elif now > job.deadline:
                 job.finish("length", self.metrics)  # timed out in the queue: no tokens
+                self.admission.give_back()
             else:
                 ready.append(job)
         ready.sort(key=lambda j: len(j.prompt))
@@ -229,6 +232,7 @@ class Engine:
                 started.append(job)
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
                 self.fail(job, "the request failed inside the engine", err)
+                self.admission.give_back()
         if not started:
             return
         try:
@@ -239,6 +243,7 @@ class Engine:
         except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
             for job in started:
                 self.fail(job, "the request failed inside the engine", err)
+                self.admission.give_back()
             return
         for i, (row, job) in enumerate(batch):
             if job not in started:
@@ -247,6 +252,7 @@ class Engine:
                 token = int(logits[i].argmax(-1) if job.fast else job.sample(logits[i : i + 1]))
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
                 self.fail(job, "the request failed inside the engine", err)
+                self.admission.give_back()
                 continue
             self.rows[row] = job
             if job.accept(token, self.eos, self.metrics):

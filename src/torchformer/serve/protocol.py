@@ -71,6 +71,42 @@ COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
 
 
+def check_text(body) -> None:
+    """A 400 naming the first string, key or value, that is not Unicode text: JSON may escape a
+    lone surrogate ("\\ud800"), which no tokenizer takes and no UTF-8 answer can carry. Walks
+    with a stack (a deep body must not recurse); fields are named as in other errors:
+    ``messages[0].content``."""
+    stack = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str) and not valid_text(value):
+            raise bad(path, f"{printable(value)} holds a lone surrogate, which is not text", "invalid_text")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                name = key if not path else f"{path}.{key}"
+                if not valid_text(key):
+                    raise bad(
+                        printable(name)[1:-1], "this key holds a lone surrogate, which is not text", "invalid_text"
+                    )
+                stack.append((name, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+
+
+def valid_text(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def printable(s: str, limit: int = 60) -> str:
+    """A short quoted form of user text that any answer can carry (surrogates escaped)."""
+    short = s if len(s) <= limit else s[:limit] + "..."
+    return "'" + short.encode("utf-8", "backslashreplace").decode() + "'"
+
+
 def check_fields(body, allowed: set[str]) -> None:
     if not isinstance(body, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(body).__name__}")
@@ -131,6 +167,22 @@ def params(body: dict, max_tokens_key: str, default_max_tokens: int | None) -> P
         raise bad("return_token_ids", f"{token_ids!r} must be true or false")
     sampling = sampling_options(temperature, top_k, None if top_p == 1.0 else top_p, min_p, repetition_penalty, 0)
     return Params(max_tokens, sampling, seed, stops(body.get("stop")), stream, include_usage, token_ids)
+
+
+def new_tokens(prompt_tokens: int, params: Params, context: int) -> int:
+    """The tokens a request may generate (max_tokens, or the rest of the context), or the 400
+    (OpenAI's wording) when the prompt and max_tokens do not fit the model's context."""
+    max_tokens = context - prompt_tokens if params.max_tokens is None else params.max_tokens
+    if max_tokens < 1 or prompt_tokens + max_tokens > context:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max(max_tokens, 1)} tokens ({prompt_tokens} in the prompt, "
+            f"{max(max_tokens, 1)} for the completion). Please reduce the prompt or max_tokens.",
+            param="messages" if params.max_tokens is None else "max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens
 
 
 def check_model_name(body: dict, served: str) -> None:
