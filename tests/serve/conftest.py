@@ -92,7 +92,7 @@ def wait_until(check, timeout: float = 10.0, what: str = "condition"):
 
 def make_engine(model, tokenizer=None, **options) -> Engine:
     engine = Engine(lambda: model, lambda vocab: Texts(tokenizer, vocab), **options).start()
-    wait_until(lambda: engine.healthy or engine.error is not None, what="the engine to load")
+    wait_until(lambda: engine.healthy or engine.error is not None, timeout=60, what="the engine to load")
     return engine
 
 
@@ -118,14 +118,15 @@ class Running:
 
 
 @contextlib.contextmanager
-def serving(model_dir, model, *, api_key=None, max_body_bytes=1 << 20, **engine_options):
-    """(engine, base url) for a server over ``model``; always stopped on exit."""
+def serving(model_dir, model, *, api_key=None, max_body_bytes=1 << 20, app=None, **engine_options):
+    """(engine, base url) for a server over ``model``; always stopped on exit. ``app``: more
+    keyword arguments of create_app."""
     tokenizer = tfm.load_tokenizer(model_dir)
     engine = make_engine(model, tokenizer, **engine_options)
     running = None
     try:
-        app = create_app(engine, NAME, load_chat_template(model_dir), api_key=api_key, max_body_bytes=max_body_bytes)
-        running = Running(app)
+        options = {"api_key": api_key, "max_body_bytes": max_body_bytes, **(app or {})}
+        running = Running(create_app(engine, NAME, load_chat_template(model_dir), **options))
         yield engine, running.url
     finally:
         if running is not None:

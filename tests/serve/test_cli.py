@@ -18,8 +18,8 @@ from tests.serve.conftest import client, httpx
 pytestmark = pytest.mark.slow
 
 
-def start(args: list[str]) -> tuple[subprocess.Popen, list[str]]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+def start(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchformer.cli.main", "serve", *args, "--port", "0", "--log-level", "info"],
         stdout=subprocess.PIPE,

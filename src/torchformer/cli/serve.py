@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import sys
 from pathlib import Path
 
 from ..extras import MissingExtra
@@ -13,20 +15,73 @@ from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_kind
 log = logging.getLogger("torchformer.serve")
 
 
+def integer(lo: int, hi: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be an integer >= {lo}" if hi is None else f"{text!r} must be an integer in [{lo}, {hi}]"
+            )
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0")
+    return value
+
+
+def names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint folder (tfm.save / training), Hugging Face folder or preset name")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--slots", type=int, default=8, help="requests decoded together (rows of the KV cache)")
-    p.add_argument("--max-queue", type=int, default=64, help="waiting requests before answering 429")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds before a request ends (length)")
+    p.add_argument("--port", type=integer(0, 65535), default=8000, help="port to bind (0: any free one)")
+    p.add_argument("--slots", type=integer(1), default=8, help="requests decoded together (rows of the KV cache)")
+    p.add_argument(
+        "--max-queue",
+        type=integer(0),
+        default=64,
+        help="requests that may wait while every row is busy; one more answers 429 (0: none wait)",
+    )
+    p.add_argument("--request-timeout", type=seconds, default=600.0, help="seconds before a request ends (length)")
     p.add_argument(
         "--api-key",
-        default=os.environ.get("TORCHFORMER_API_KEY"),
-        help="require Authorization: Bearer KEY on every endpoint but /health (or $TORCHFORMER_API_KEY)",
+        default=None,
+        help="require Authorization: Bearer KEY on every endpoint but /health (default: $TORCHFORMER_API_KEY)",
     )
     p.add_argument("--served-model-name", default=None, help="the id clients pass as `model` (default: folder name)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies answer 413")
+    p.add_argument("--max-body-bytes", type=integer(1), default=1 << 20, help="larger request bodies answer 413")
+    p.add_argument("--body-timeout", type=seconds, default=30.0, help="seconds to send a request body (408 after)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=seconds,
+        default=5.0,
+        help="on SIGTERM/SIGINT: seconds running requests may still finish before they end with 503",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        default=None,
+        help="comma-separated Host names served besides this machine's own (localhost, 127.0.0.1, ::1); "
+        "'*': any. Default: only those on a loopback --host, any otherwise",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default=None,
+        help="comma-separated web origins (scheme://host:port) whose pages may call the server (CORS); "
+        "'*': any. Default: none (requests with an Origin header answer 403)",
+    )
     p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantization (tfm.quantize)")
     p.add_argument("--compile", action="store_true", help="torch.compile the batched decode step")
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
@@ -35,15 +90,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def server_modules():
     try:
-        import uvicorn
-
         from ..serve.app import create_app
         from ..serve.chat import load_chat_template
         from ..serve.engine import Engine
+        from ..serve.lifecycle import serve
         from ..serve.text import Texts
     except ImportError as err:
         raise MissingExtra(f"serve needs the `serve` extra ({err.name}): pip install 'torchformer[serve]'") from err
-    return uvicorn, create_app, load_chat_template, Engine, Texts
+    return create_app, load_chat_template, Engine, Texts, serve
 
 
 def loader(spec: str, quantize: str | None, seed: int):
@@ -60,13 +114,40 @@ def loader(spec: str, quantize: str | None, seed: int):
     return load
 
 
+def allowed_hosts(host: str, given: str | None) -> list[str] | None:
+    """The Host names to answer: ``--allowed-hosts`` if given, else loopback names (None) on a
+    loopback bind, else any (the server was exposed on purpose)."""
+    if given is not None:
+        return names(given)
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    return None if loopback else ["*"]
+
+
+def api_key(given: str | None) -> str | None:
+    """--api-key, else $TORCHFORMER_API_KEY; an empty or unsendable key is an error, not "no key"."""
+    source, key = "--api-key", given
+    if given is None:
+        source, key = "$TORCHFORMER_API_KEY", os.environ.get("TORCHFORMER_API_KEY")
+    if key is None:
+        return None
+    if not key:
+        raise ValueError(f"{source} is empty: set a key, or unset it to serve without one")
+    if not key.isascii() or any(c.isspace() or not c.isprintable() for c in key):
+        raise ValueError(f"{source}: the key has a space, a control or a non-ASCII character; use printable ASCII")
+    return key
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve MODEL over HTTP with the OpenAI API: POST /v1/completions, POST /v1/chat/completions,
     GET /v1/models, GET /health, GET /metrics. Requests are batched continuously over --slots rows
     of one static KV cache. A folder's tokenizer.json gives text in and out, its chat template
     (chat_template.jinja or tokenizer_config.json) enables chat; without a tokenizer the server
     takes and returns token ids only. Binds 127.0.0.1 unless --host says otherwise."""
-    uvicorn, create_app, load_chat_template, Engine, Texts = server_modules()
+    create_app, load_chat_template, Engine, Texts, serve = server_modules()
+    key = api_key(args.api_key)
     kind = model_kind(args.model)  # a bad MODEL fails here, before the server starts
     folder = Path(args.model) if kind != "preset" else None
     tokenizer = load_tokenizer(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
@@ -85,10 +166,25 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
     )
     name = args.served_model_name or (folder.resolve().name if folder is not None else args.model)
-    app = create_app(engine, name, chat, api_key=args.api_key, max_body_bytes=args.max_body_bytes)
+    app = create_app(
+        engine,
+        name,
+        chat,
+        api_key=key,
+        max_body_bytes=args.max_body_bytes,
+        body_timeout=args.body_timeout,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+        allowed_origins=names(args.allowed_origins or ""),
+    )
     engine.start()  # loads the model in its thread; /health answers 503 until it is ready
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        serve(app, engine, host=args.host, port=args.port, log_level=args.log_level, grace=args.shutdown_timeout)
     finally:
         engine.stop()
-    return 0
+    if engine.error is None:
+        return 0
+    reason = " ".join(str(engine.error).split()) or type(engine.error).__name__
+    if not engine.ready:  # a bad model folder: the user's error, in one line (exit 2)
+        raise ValueError(f"{args.model}: the model did not load: {reason}")
+    print(f"torchformer serve: error: the serving engine stopped: {reason}", file=sys.stderr)
+    return 1

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
+from .boundary import ClientGone, Guard, error_response, read_json
 from .chat import ChatTemplate
 from .engine import Engine
 from .jobs import Delta, Done, Failed
@@ -31,11 +32,7 @@ from .responses import ChatShape, CompletionShape, usage
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
-
-
-def error_response(err: APIError) -> JSONResponse:
-    headers = {"Retry-After": "1"} if err.status == 429 else None
-    return JSONResponse(err.envelope(), status_code=err.status, headers=headers)
+BODY_TIMEOUT = 30.0  # seconds to receive a request body once its headers are in
 
 
 def sse(data) -> bytes:
@@ -82,34 +79,38 @@ class Mailbox:
 
 class Server:
     def __init__(
-        self, engine: Engine, model_name: str, chat: ChatTemplate | None, api_key: str | None, max_body_bytes: int
+        self,
+        engine: Engine,
+        model_name: str,
+        chat: ChatTemplate | None,
+        api_key: str | None,
+        max_body_bytes: int,
+        body_timeout: float,
     ) -> None:
         self.engine, self.model_name, self.chat = engine, model_name, chat
-        self.api_key, self.max_body_bytes = api_key, max_body_bytes
+        self.api_key, self.max_body_bytes, self.body_timeout = api_key, max_body_bytes, body_timeout
         self.started = int(time.time())
         self.mailbox: Mailbox | None = None  # made on the first request, on the server's event loop
+        self.closing = asyncio.Event()
+
+    def close(self, grace: float) -> None:
+        """Shutting down (on the event loop): body reads stop, the engine admits nothing more and
+        ends what still runs after ``grace`` seconds (Engine.drain)."""
+        self.closing.set()
+        self.engine.drain(grace)
 
     def authorize(self, request: Request) -> None:
         if self.api_key is None:
             return
-        given = request.headers.get("authorization", "")
-        # compare_digest: the time taken does not reveal how much of the key matched.
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        # The scheme is case-insensitive (RFC 7235 section 2.1); compare_digest: the time taken
+        # does not reveal how much of the key matched.
+        key_ok = hmac.compare_digest(given.strip().encode(), self.api_key.encode())
+        if scheme.lower() != "bearer" or not key_ok:
             raise APIError(401, "missing or wrong API key: send Authorization: Bearer KEY", code="invalid_api_key")
 
     async def body(self, request: Request) -> dict:
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise APIError(413, f"request body of {declared} bytes exceeds the limit of {self.max_body_bytes} bytes")
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > self.max_body_bytes:
-                raise APIError(413, f"request body exceeds the limit of {self.max_body_bytes} bytes")
-        try:
-            return json.loads(bytes(data))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise APIError(400, f"the request body is not valid JSON: {err}") from err
+        return await read_json(request, self.max_body_bytes, self.body_timeout, self.closing)
 
     async def completions(self, request: Request):
         prompt, params = completion_request(await self.body(request), self.model_name)
@@ -210,9 +211,13 @@ class Server:
                 return await handler(request)
             except APIError as err:
                 return error_response(err)
+            except ClientGone:  # nobody reads an answer: no error, nothing to log but this
+                log.debug("%s: the client went away while sending its body", path)
+                return PlainTextResponse("", status_code=499)
             except Exception as err:  # noqa: BLE001 - never a framework error page
                 log.exception("unhandled error in %s", path)
-                return error_response(APIError(500, f"internal error: {err!r}", type="server_error"))
+                message = f"internal error ({type(err).__name__}); see the server log"
+                return error_response(APIError(500, message, type="server_error"))
 
         return Route(path, endpoint, methods=[method])
 
@@ -224,8 +229,13 @@ def create_app(
     *,
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
-) -> Starlette:
-    s = Server(engine, model_name, chat, api_key, max_body_bytes)
+    body_timeout: float = BODY_TIMEOUT,
+    allowed_hosts: list[str] | None = None,
+    allowed_origins: list[str] = (),
+) -> Guard:
+    """The ASGI app. allowed_hosts: None = loopback Host names only, ["*"] = any (boundary.Guard);
+    allowed_origins: web origins that may call it. ``app.server.close(grace)`` starts a shutdown."""
+    s = Server(engine, model_name, chat, api_key, max_body_bytes, body_timeout)
     routes = [
         s.route("/v1/completions", s.completions, "POST"),
         s.route("/v1/chat/completions", s.chat_completions, "POST"),
@@ -237,4 +247,8 @@ def create_app(
     async def http_error(request: Request, exc: HTTPException):  # 404 / 405 in the OpenAI envelope
         return error_response(APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}"))
 
-    return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Guard(
+        Starlette(routes=routes, exception_handlers={HTTPException: http_error}), allowed_hosts, allowed_origins
+    )
+    app.server = s
+    return app

@@ -1,0 +1,104 @@
+"""Issue 26, item 5: `torchformer serve` refuses bad arguments in one line before it starts, and
+exits non-zero with the reason when the model does not load (a supervisor restarts it, instead of
+a server answering 503 forever). Every subprocess has a timeout: a server that stays up fails the
+test instead of hanging it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchformer as tfm
+from tests.serve.conftest import NAME, httpx, serving, tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+def serve(args: list[str], env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "TORCHFORMER_API_KEY"},
+        "OMP_NUM_THREADS": "1",
+        "TORCHFORMER_NATIVE": "0",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "torchformer.cli.main", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--port", "99999"], ["--port", "99999", "65535"]),
+        (["--port", "-1"], ["--port", "-1"]),
+        (["--max-body-bytes", "-1"], ["--max-body-bytes", "-1", ">= 1"]),
+        (["--max-queue", "-1"], ["--max-queue", "-1", ">= 0"]),
+        (["--slots", "0"], ["--slots", "0", ">= 1"]),
+        (["--request-timeout", "0"], ["--request-timeout", "0"]),
+        (["--shutdown-timeout", "-2"], ["--shutdown-timeout", "-2"]),
+        (["--api-key", ""], ["--api-key", "empty"]),
+        (["--api-key", "two words"], ["--api-key", "space"]),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(args, named):
+    result = serve(["llama-tiny", "--port", "0", *args], timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert all(word in last for word in named), result.stderr
+
+
+def test_an_empty_api_key_in_the_environment_is_refused():
+    result = serve(["llama-tiny", "--port", "0"], env={"TORCHFORMER_API_KEY": ""}, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "TORCHFORMER_API_KEY" in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory):
+    """Folders that pass the first look (a config is there) but whose model does not load."""
+    root = tmp_path_factory.mktemp("broken")
+    torch.manual_seed(0)
+    truncated = root / "truncated"
+    tfm.save(tfm.build_model(tiny_config(64)), truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    pickle_only = root / "pickle-only"
+    tfm.to_hf(tfm.build_model(tfm.presets.get("llama-tiny")), pickle_only)
+    for f in pickle_only.glob("*.safetensors*"):
+        f.unlink()
+    (pickle_only / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not for unpickling")
+    encoder = root / "encoder"
+    cfg = tfm.ModelConfig(
+        arch="encoder", vocab_size=64, d_model=32, n_layers=1, max_seq_len=32, attention=tfm.AttentionConfig(n_heads=4)
+    )
+    tfm.save(tfm.build_model(cfg), encoder)
+    return root
+
+
+@pytest.mark.parametrize("name", ["truncated", "pickle-only", "encoder"])
+def test_a_model_that_does_not_load_exits_non_zero_with_the_reason(broken, name):
+    result = serve([str(broken / name), "--port", "0"], timeout=90)
+    assert result.returncode not in (0, None), result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "did not load" in last and name in last, result.stderr
+
+
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "BEARER", "bEaReR"])
+def test_the_auth_scheme_is_case_insensitive(model_dir, tiny, scheme):
+    with serving(model_dir, tiny, slots=1, api_key="sekrit") as (_, url):
+        body = {"model": NAME, "prompt": "the", "max_tokens": 2}
+        ok = httpx.post(f"{url}/v1/completions", json=body, headers={"authorization": f"{scheme} sekrit"})
+        assert ok.status_code == 200, ok.text
+        for wrong in (f"{scheme} wrong", "Basic sekrit", "sekrit", f"{scheme}sekrit", ""):
+            refused = httpx.post(f"{url}/v1/completions", json=body, headers={"authorization": wrong})
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
