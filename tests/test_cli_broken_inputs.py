@@ -25,6 +25,8 @@ import torch
 import torchformer as tfm
 from torchformer.training.tokenizers import build_tokenizer
 
+pytestmark = pytest.mark.slow  # about 35 child processes, a few seconds each
+
 TEXT = "to be or not to be that is the question\n" * 8
 RECIPE = """name: tiny
 model: {preset: shakespeare-char, d_model: 16, n_layers: 1, max_seq_len: 32, attention: {n_heads: 2}}
