@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,bench
 
-.PHONY: install test demo lint bench clean browser
+.PHONY: install test demo lint bench clean browser docs
 
 install: $(STAMP)
 
@@ -40,4 +40,9 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache
+
+# The documentation site (mkdocs-material + mkdocstrings, the `docs` extra) into site/, strict: a
+# broken link, a missing reference or a page outside the nav fails the build.
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site

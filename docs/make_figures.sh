@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Regenerate the "Look inside" figures of the README from the trained default model and the
+# Regenerate the figures of the docs site from the trained default model and the
 # reversal demo:
 #   docs/plan-shakespeare-char.txt        `torchformer plan` of the run
+#   docs/loss-shakespeare-char.png        its training and validation loss curve (loss.png of the run)
 #   docs/attention-shakespeare-char.png   layer x head heatmaps on a line of Romeo and Juliet
 #   docs/attention-shakespeare-char.html  the interactive explorer of the same recording (offline)
 #   docs/attention-shakespeare-char.txt   the head-statistics table and the ASCII map
@@ -28,10 +29,11 @@ if [ ! -f "$REVERSE_RUN/config.json" ]; then
   "$TF" demo reverse train.out_dir="$REVERSE_RUN"
 fi
 "$TF" plan "$RUN" --batch-size 16 > docs/plan-shakespeare-char.txt
+cp "$RUN/loss.png" docs/loss-shakespeare-char.png
 "$TF" attention "$RUN" --text "$TEXT" --out docs/attention-shakespeare-char.png \
   --html docs/attention-shakespeare-char.html > docs/attention-shakespeare-char.txt
 "$TF" attention "$REVERSE_RUN" --text "$WORD</s>" --target "<s>$(echo "$WORD" | rev)" --kind cross \
   --out docs/attention-reverse.png --html docs/attention-reverse.html > docs/attention-reverse.txt
 # verify exits 1 when a check fails: keep the table either way, and say so.
 "$TF" verify "$RUN" > docs/verify-shakespeare-char.txt || echo "verify reported a failure: see docs/verify-shakespeare-char.txt"
-echo "wrote docs/plan-shakespeare-char.txt docs/attention-{shakespeare-char,reverse}.{png,html,txt} docs/verify-shakespeare-char.txt"
+echo "wrote docs/plan-shakespeare-char.txt docs/loss-shakespeare-char.png docs/attention-{shakespeare-char,reverse}.{png,html,txt} docs/verify-shakespeare-char.txt"

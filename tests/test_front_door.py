@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = README.with_name("docs")
 TORCHFORMER = Path(sys.executable).with_name("torchformer")  # the console script pip installed
 SHRINK = ["train.steps=3", "train.eval_every=3", "train.eval_batches=1"]
 
@@ -29,15 +30,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("front_door")]
 
 
 def readme_commands() -> set[str]:
-    """Every `torchformer ...` line of the README's bash blocks, without its trailing comment."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    """Every `torchformer ...` line of the bash blocks of the README and the docs site it links
+    (the front door's pages), without its trailing comment."""
+    texts = [README.read_text(), *(page.read_text() for page in sorted(DOCS.rglob("*.md")))]
+    blocks = [b for text in texts for b in re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)]
     lines = (line.split(" # ", 1)[0].strip() for block in blocks for line in block.splitlines())
     return {line for line in lines if line.startswith("torchformer ")}
 
 
 def run(command: str, cwd: Path, extra: tuple[str, ...] = (), timeout: float = 300) -> str:
     """`command` exactly as the README has it (plus `extra` shrinking words), in `cwd`; its stdout."""
-    assert command in readme_commands(), f"the README no longer shows {command!r}: update this test with it"
+    assert command in readme_commands(), f"neither the README nor docs/ shows {command!r} any more: update this test"
     assert TORCHFORMER.is_file(), f"{TORCHFORMER} missing: the tests run from the project's venv (make test)"
     argv = [str(TORCHFORMER), *shlex.split(command)[1:], *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}

@@ -252,11 +252,21 @@ _PRESETS.update(MOE_PRESETS)  # mixtral-8x7b, deepseek-v3, moe-tiny (moe_presets
 
 
 def names() -> list[str]:
+    """The preset names, sorted.
+
+    >>> "llama3-8b" in names() and "shakespeare-char" in names()
+    True
+    """
     return sorted(_PRESETS)
 
 
 def get(name: str, **changes) -> ModelConfig:
-    """The preset ``name``, optionally with fields replaced (nested configs as dicts)."""
+    """The preset ``name``, optionally with fields replaced (nested configs as dicts).
+
+    >>> cfg = get("llama-tiny", n_layers=2)
+    >>> cfg.arch, cfg.n_layers
+    ('decoder', 2)
+    """
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; available: {names()}")
     cfg = _PRESETS[name]()

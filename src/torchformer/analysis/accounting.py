@@ -53,7 +53,15 @@ def _numels(cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
 def count_params(cfg: ModelConfig, *, active: bool = False) -> int:
     """Exact parameter count (tied tensors once), by building the model on the meta device:
     no memory is allocated, so llama3-8b counts in milliseconds. active=True: the parameters one
-    token uses (of each MoE layer's routed experts only top_k; moe_accounting.py)."""
+    token uses (of each MoE layer's routed experts only top_k; moe_accounting.py).
+
+    >>> import torchformer as tfm
+    >>> tfm.count_params(tfm.presets.get("gpt2-small"))  # GPT-2's published 124M, tied head once
+    124439808
+    >>> mixtral = tfm.presets.get("mixtral-8x7b")
+    >>> round(tfm.count_params(mixtral) / 1e9, 1), round(tfm.count_params(mixtral, active=True) / 1e9, 1)
+    (46.7, 12.9)
+    """
     return active_params(_numels(cfg), cfg) if active else sum(n for _, n in _numels(cfg))
 
 
@@ -141,7 +149,12 @@ def kv_cache_bytes(
     seq_len * batch_size * bytes per element. n_layers is the decoder's for encoder-decoders
     (whose cross-attention K/V add the same formula at the source length); encoders keep no
     cache and return 0. GQA divides it by n_heads / n_kv_heads against MHA. Latent attention
-    (mla) stores kv_rank + rope_dim numbers per token and layer instead."""
+    (mla) stores kv_rank + rope_dim numbers per token and layer instead.
+
+    >>> import torch, torchformer as tfm
+    >>> tfm.kv_cache_bytes(tfm.presets.get("llama3-8b"), 8192, 1, torch.bfloat16) / 2**30  # 2*32*8*128*8192*2 B
+    1.0
+    """
     for name, value in (("seq_len", seq_len), ("batch_size", batch_size)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r}: must be an integer >= 1")

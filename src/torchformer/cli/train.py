@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     """`argv` as `torchformer train` reads it: one parser and its defaults for every entry point that trains
     (`demo` builds its arguments here, so a new option of `train` can never be missing from them)."""
-    p = argparse.ArgumentParser(prog="torchformer train")
-    add_arguments(p)
-    return p.parse_args(argv)
+    from .main import command_parser
+
+    return command_parser("train").parse_args(argv)
 
 
 class BarReporter:
