@@ -23,6 +23,7 @@ import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 DOCS = README.with_name("docs")
+SERVE_PAGE = DOCS / "tutorials" / "serve.md"
 TORCHFORMER = Path(sys.executable).with_name("torchformer")  # the console script pip installed
 SHRINK = ["train.steps=3", "train.eval_every=3", "train.eval_batches=1"]
 
@@ -167,9 +168,9 @@ def test_serve_answers_the_readme_curl(home):
     threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
     try:
         url = ready(proc, lines)
-        curl = re.search(r"^(curl -s http://127\.0\.0\.1:8000/v1/completions .*?\}')$", README.read_text(),
+        curl = re.search(r"^(curl -s http://127\.0\.0\.1:8000/v1/completions .*?\}')$", SERVE_PAGE.read_text(),
                          flags=re.DOTALL | re.MULTILINE)  # fmt: skip
-        assert curl, "the README's Serve section no longer shows the curl example"
+        assert curl, "docs/tutorials/serve.md no longer shows the curl example"
         argv = shlex.split(curl.group(1).replace("\\\n", " ").replace("http://127.0.0.1:8000", url))
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr

@@ -231,6 +231,7 @@ class ModelConfig:
 
     # -- JSON ---------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready data (unions tagged with ``kind``); ``from_dict`` reads it back."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["attention"] = dataclasses.asdict(self.attention)
         out["block"] = dataclasses.asdict(self.block)

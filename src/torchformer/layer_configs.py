@@ -52,6 +52,7 @@ class LayerKind:
         _raise("LayerKind", p)
 
     def to_dict(self) -> dict[str, Any]:
+        """The kind as JSON-ready data (its RoPE tagged with ``kind``)."""
         rope = self.rope if not isinstance(self.rope, RoPE) else position_dict(self.rope)
         return {"name": self.name, "sliding_window": self.sliding_window, "rope": rope, "mlp": self.mlp}
 

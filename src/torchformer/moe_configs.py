@@ -81,9 +81,11 @@ class MoE(_Validated):
                "needs n_shared >= 1")  # fmt: skip
 
     def expert_width(self, d_ff: int) -> int:
+        """Each routed expert's hidden width: ``d_expert``, else the dense ``d_ff``."""
         return d_ff if self.d_expert is None else self.d_expert
 
     def shared_width(self, d_ff: int) -> int:
+        """The shared experts' hidden width: ``d_shared``, else ``n_shared`` expert widths."""
         return self.n_shared * self.expert_width(d_ff) if self.d_shared is None else self.d_shared
 
 

@@ -26,6 +26,7 @@ class LinearScaling(_Validated):
         _above(p, self, "factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
+        """Append to ``p`` what this scheme needs of the rotated width ``dim`` (nothing here)."""
         return None
 
 
@@ -44,6 +45,7 @@ class DynamicNTK(_Validated):
         _above(p, self, "factor", "original_max_seq_len")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
+        """Append to ``p`` a rotated width ``dim`` too small for the NTK base correction."""
         _check(p, dim > 2, "positions.scaling", "dynamic", f"needs more than 2 rotated features, got {dim}")
 
 
@@ -70,6 +72,7 @@ class Llama3Scaling(_Validated):
         )
 
     def width_problems(self, dim: int, p: list[str]) -> None:
+        """Append to ``p`` what this scheme needs of the rotated width ``dim`` (nothing here)."""
         return None
 
 
@@ -94,9 +97,11 @@ class YaRN(_Validated):
         _above(p, self, "factor", "original_max_seq_len", "beta_fast", "beta_slow", "attention_factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
+        """Append to ``p`` what this scheme needs of the rotated width ``dim`` (nothing here)."""
         return None
 
     def resolved_factor(self, max_seq_len: int) -> float:
+        """The scaling factor: ``factor``, or when unset the model's context over the original one."""
         return max_seq_len / self.original_max_seq_len if self.factor is None else self.factor
 
 
@@ -130,6 +135,7 @@ class LongRoPE(_Validated):
         _above(p, self, "original_max_seq_len", "factor", "attention_factor")
 
     def width_problems(self, dim: int, p: list[str]) -> None:
+        """Append to ``p`` a factor list whose length is not the rotated width ``dim`` / 2."""
         for name in ("short_factor", "long_factor"):
             n = len(getattr(self, name))
             _check(
@@ -141,6 +147,7 @@ class LongRoPE(_Validated):
             )
 
     def resolved_factor(self, max_seq_len: int) -> float:
+        """The scaling factor: ``factor``, or when unset the model's context over the original one."""
         return max_seq_len / self.original_max_seq_len if self.factor is None else self.factor
 
 

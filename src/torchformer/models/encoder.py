@@ -51,6 +51,7 @@ class Encoder(nn.Module):
     def hidden(
         self, ids: Tensor, pos: Tensor, attention_mask: Tensor | None, token_type_ids=None, aligned: bool = False
     ) -> Tensor:
+        """ids, pos (B, T) -> final hidden states (B, T, D); ``aligned``: positions are 0..T-1."""
         ctx = self.stack.context(pos, attention_mask, None, aligned=aligned)
         return self.stack(self.embed(ids, pos, token_type_ids), ctx)  # (B, T, D)
 
