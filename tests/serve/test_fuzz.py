@@ -12,7 +12,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.serve.conftest import NAME, httpx
@@ -89,6 +89,7 @@ def requests(draw):
 
 def check_answer(response, streamed: bool) -> None:
     status = response.status_code
+    event(f"{status}{' stream' if streamed and status == 200 else ''}")  # --hypothesis-show-statistics
     assert status == 200 or 400 <= status < 500, (status, response.text[:500])
     if status != 200:
         error = response.json()["error"]

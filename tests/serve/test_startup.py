@@ -102,3 +102,11 @@ def test_the_auth_scheme_is_case_insensitive(model_dir, tiny, scheme):
         for wrong in (f"{scheme} wrong", "Basic sekrit", "sekrit", f"{scheme}sekrit", ""):
             refused = httpx.post(f"{url}/v1/completions", json=body, headers={"authorization": wrong})
             assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(("option", "value"), [("max_body_bytes", -1), ("max_body_bytes", 0), ("body_timeout", 0)])
+def test_create_app_refuses_limits_that_refuse_everything(option, value):
+    from torchformer.serve.app import create_app
+
+    with pytest.raises(ValueError, match=f"{option}={value}"):
+        create_app(None, NAME, **{option: value})

@@ -111,6 +111,8 @@ def _configs(path: str | os.PathLike, rope_pairing: str) -> tuple[dict, ModelCon
         raise ValueError(f"config.json of {path} lacks {missing}, {needs}") from None
     except (TypeError, AttributeError) as err:  # a value of the wrong kind (a list where a number goes, ...)
         raise ValueError(f"{Path(path) / 'config.json'}: a setting has the wrong type ({err})") from None
+    except ValueError as err:  # an unsupported setting or a value our config refuses: say which file
+        raise ValueError(f"{Path(path) / 'config.json'}: {err}") from None
     if rope_pairing != "half":
         if not isinstance(cfg.positions, RoPE):
             raise ValueError(f"rope_pairing={rope_pairing!r} applies to RoPE models; {hf['model_type']} has none")

@@ -3,7 +3,8 @@
 The app never touches tensors: it validates a request (protocol.py), encodes the prompt, hands
 the ids to the engine and turns the engine's events (arriving from its thread through
 ``call_soon_threadsafe``) into a response or a ``text/event-stream``. A client that goes away
-cancels its request, which frees the row at the engine's next step.
+cancels its request, which frees the row at the engine's next step. boundary.py's Guard wraps
+every route (Host and Origin), and reads every body (content type, size, time, text).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -230,11 +232,15 @@ def create_app(
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     body_timeout: float = BODY_TIMEOUT,
-    allowed_hosts: list[str] | None = None,
-    allowed_origins: list[str] = (),
+    allowed_hosts: Sequence[str] | None = None,
+    allowed_origins: Sequence[str] = (),
 ) -> Guard:
     """The ASGI app. allowed_hosts: None = loopback Host names only, ["*"] = any (boundary.Guard);
     allowed_origins: web origins that may call it. ``app.server.close(grace)`` starts a shutdown."""
+    if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+        raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
+    if not body_timeout > 0:
+        raise ValueError(f"body_timeout={body_timeout!r}: must be > 0 seconds")
     s = Server(engine, model_name, chat, api_key, max_body_bytes, body_timeout)
     routes = [
         s.route("/v1/completions", s.completions, "POST"),

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+from collections.abc import Sequence
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
@@ -64,7 +65,7 @@ class Guard:
     allowed_origins: origins a browser may call from (``*``: any); they get CORS headers.
     """
 
-    def __init__(self, app, allowed_hosts: list[str] | None, allowed_origins: list[str]) -> None:
+    def __init__(self, app, allowed_hosts: Sequence[str] | None, allowed_origins: Sequence[str]) -> None:
         self.hosts = None if allowed_hosts is None or ANY in allowed_hosts else {h.lower() for h in allowed_hosts}
         self.any_host = allowed_hosts is not None and ANY in allowed_hosts
         self.origins = {o.lower().rstrip("/") for o in allowed_origins}
