@@ -5,6 +5,8 @@ import pytest
 import torch
 
 import torchformer as tfm
+from tests import grid
+from tests.decoding import assert_varied, varied_case
 from tests.grid import build, params, variants
 from torchformer.generation.generate import decode
 from torchformer.generation.request import make_request, sampling_options
@@ -139,20 +141,32 @@ def test_no_repeat_ngram_prevents_repeats():
         assert len(bigrams) == len(set(bigrams))
 
 
+def first_new(row: list[int], start: int, avoid: list[int]) -> int:
+    """The first index >= start whose token is new in ``row`` and not in ``avoid``."""
+    return next(i for i in range(start, len(row)) if row[i] not in row[:i] and row[i] not in avoid)
+
+
 def test_eos_stops_rows_and_pads_them():
-    model = tiny()
-    ids = torch.randint(0, model.config.vocab_size, (2, 5))
+    v = next(v for v in GRID if v["arch"] == "decoder" and v["placement"] == "pre" and v["position"] == "rope-half")
+    candidates = torch.randint(1, grid.VOCAB, (32, 5), generator=torch.Generator().manual_seed(0))
+    model, ids = varied_case(lambda s: build(v, seed=s, init_std=0.5), candidates, 10, 6, rows=2)
     free = tfm.generate(model, ids, max_new_tokens=10)[:, 5:]
-    eos = int(free[0, 2])
-    stop0 = free[0].tolist().index(eos)
-    out = tfm.generate(model, ids, max_new_tokens=10, eos_token_id=[eos], pad_token_id=0)[:, 5:]
-    assert out[0, : stop0 + 1].tolist() == free[0, : stop0 + 1].tolist()
-    assert set(out[0, stop0 + 1 :].tolist()) <= {0}
-    row1 = free[1].tolist()
-    stop1 = row1.index(eos) if eos in row1 else len(row1)
-    assert out[1, : stop1 + 1].tolist() == row1[: stop1 + 1]
-    if stop1 < len(row1):  # both rows finished: generation stopped at the later EOS
-        assert out.shape[1] == max(stop0, stop1) + 1
+    assert_varied(free, 6)
+    row0, row1 = free.tolist()
+    pad = 96  # a pad id no EOS here is
+    # Row 0 stops at its 3rd-or-later token, an id row 1 never makes: row 1 runs all 10 steps.
+    stop0 = first_new(row0, 2, row1 + [pad])
+    out = tfm.generate(model, ids, max_new_tokens=10, eos_token_id=[row0[stop0]], pad_token_id=pad)[:, 5:]
+    assert out.shape == (2, 10) and out[1].tolist() == row1
+    assert out[0, : stop0 + 1].tolist() == row0[: stop0 + 1]
+    assert out[0, stop0 + 1 :].tolist() == [pad] * (9 - stop0) and stop0 < 9  # padded, and not vacuously
+    # Two EOS ids, row 1's later: both rows stop, generation ends at row 1's EOS, row 0 padded to it.
+    stop1 = first_new(row1, stop0 + 1, row0[: stop0 + 1] + [pad])
+    assert row1[stop1] not in row0[:stop0] and row0[stop0] not in row1[:stop1]
+    out = tfm.generate(model, ids, max_new_tokens=10, eos_token_id=[row0[stop0], row1[stop1]], pad_token_id=pad)
+    out = out[:, 5:]
+    assert out.shape == (2, stop1 + 1) and out[1].tolist() == row1[: stop1 + 1]
+    assert out[0].tolist() == row0[: stop0 + 1] + [pad] * (stop1 - stop0)
 
 
 def test_all_rows_finished_stops_early():

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import torchformer as tfm
+from tests import grid
+from tests.decoding import assert_varied, varied_case
 from tests.grid import build, params, variants
 from torchformer.generation.request import Request
 from torchformer.generation.sampling import Sampling, process, sample
@@ -21,14 +23,17 @@ def spec_stream(model, ids, **kw):
 
 
 @pytest.mark.parametrize("v", **params(DECODERS))
-def test_greedy_equals_plain_greedy(v):
-    model = build(v, init_std=0.1)
-    draft = build(v, seed=7, init_std=0.1, n_layers=1)  # a random, mostly wrong draft
+def test_greedy_equals_plain_greedy_on_varied_continuations(v):
     g = torch.Generator().manual_seed(3)
-    ids = torch.randint(1, model.config.vocab_size, (1, 9), generator=g)
-    ids[0, 5:] = ids[0, :4]  # a repeat, so prompt lookup finds n-grams
+    candidates = torch.randint(1, grid.VOCAB, (32, 9), generator=g)
+    candidates[:, 5:] = candidates[:, :4]  # a repeat, so prompt lookup finds n-grams
     n = 24
+    # init 0.5 and the most varied of 32 prompts: at 0.1, 19 of the 48 rows repeated one token 24 times.
+    seeds = [(seed, std) for std in (0.5, 1.0) for seed in range(3)]
+    model, ids = varied_case(lambda s: build(v, seed=s[0], init_std=s[1]), candidates, n, 8, seeds)
+    draft = build(v, seed=7, init_std=model.config.init_std, n_layers=1)  # a random, mostly wrong draft
     plain = tfm.generate(model, ids, max_new_tokens=n)[:, 9:]
+    assert_varied(plain, 8)  # the hardest row (post-norm, sinusoidal, MQA) reaches 8 of 24
     new, acc = spec_stream(model, ids, max_new_tokens=n, draft_model=draft, num_draft_tokens=3)
     assert torch.equal(new, plain) and acc.proposed > 0
     new, acc = spec_stream(model, ids, max_new_tokens=n, draft_model=model, num_draft_tokens=4)
