@@ -69,6 +69,18 @@ def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path, capsys):
     assert main(["demo", "nonsense"]) == 2
 
 
+def test_overrides_before_and_after_options_all_count():
+    """`train model.n_layers=6 --out runs/x train.steps=50` (the docs' form): options between
+    overrides once made argparse refuse the second group ("unrecognized arguments")."""
+    from torchformer.cli.main import parse
+    from torchformer.cli.train import parse as train_parse
+
+    argv = ["model.n_layers=6", "--out", "runs/x", "train.steps=50", "--recipe", "reverse", "optim.lr=1e-3"]
+    for args in (parse("train", argv), train_parse(argv)):
+        assert args.overrides == ["model.n_layers=6", "train.steps=50", "optim.lr=1e-3"]
+        assert (args.out, args.recipe) == ("runs/x", "reverse")
+
+
 def test_reverse_recipe_learns_reversal(tmp_path):
     """The demo's recipe, shrunk (d_model 64, strings of 3-6 letters, 300 steps, ~13 s), really
     learns the task: greedy decoding reverses >= 90% of held-out strings (measured 95-98.5% over

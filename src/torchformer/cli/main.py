@@ -51,6 +51,13 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     return sub
 
 
+def parse(name: str, argv: list[str]) -> argparse.Namespace:
+    """`torchformer NAME argv...` parsed as users write it: options and positionals in any order
+    (`train model.n_layers=6 --out runs/x train.steps=50` keeps both overrides; plain parse_args
+    would refuse the second group as unrecognized)."""
+    return command_parser(name).parse_intermixed_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = debugging(argv)
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] not in COMMANDS:
         parser.error(f"unknown command {argv[0]!r}; choose from {sorted(COMMANDS)}")
     module = importlib.import_module(COMMANDS[argv[0]])
-    args = command_parser(argv[0]).parse_args(argv[1:])
+    args = parse(argv[0], argv[1:])
     try:
         return int(module.run(args) or 0)
     except USER_ERRORS as err:

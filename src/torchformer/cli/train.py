@@ -25,9 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def parse(argv: list[str]) -> argparse.Namespace:
     """`argv` as `torchformer train` reads it: one parser and its defaults for every entry point that trains
     (`demo` builds its arguments here, so a new option of `train` can never be missing from them)."""
-    from .main import command_parser
+    from .main import parse as parse_command
 
-    return command_parser("train").parse_args(argv)
+    return parse_command("train", argv)
 
 
 class BarReporter:
