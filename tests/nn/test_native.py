@@ -46,3 +46,30 @@ def test_the_os_lock_serialises_loaders_and_dies_with_its_process(tmp_path):
         if proc.is_alive():
             proc.kill()
             proc.join(10)
+
+
+def test_the_build_honours_torch_extensions_dir_runs_one_ninja_and_says_so(tmp_path, monkeypatch, caplog):
+    """TORCH_EXTENSIONS_DIR is the build root; the ninja package's binary leads PATH during the build
+    (two ninja versions in one folder rebuilt each other's output); a first build is announced."""
+    import ninja
+    import torch.utils.cpp_extension as ext
+
+    seen = {}
+
+    def fake_load(name, sources, extra_cflags, build_directory):
+        seen.update(folder=build_directory, path=os.environ["PATH"])
+        raise RuntimeError("stop here")  # the loader then falls back, as without a compiler
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("TORCHFORMER_NATIVE", "1")
+    monkeypatch.setattr(ext, "load", fake_load)
+    monkeypatch.setattr(native.torch.cpu, "_is_avx512_supported", lambda: True)
+    with caplog.at_level("WARNING", logger=native.__name__):
+        assert native.kernels.__wrapped__() is None
+    assert seen["folder"] == str(native.build_folder(tmp_path))
+    assert seen["path"].split(os.pathsep)[0] == ninja.BIN_DIR
+    assert os.environ["PATH"] == "/usr/bin:/bin"  # restored
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("building the CPU kernels once" in m for m in messages)
+    assert any("could not be built (stop here)" in m for m in messages)

@@ -5,9 +5,13 @@
 - ``decode_attention``: one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
 
-Built once per machine (~35 s on 2 cores) into torch's extensions cache, in a folder named by a
-hash of the source, flags, torch version and environment, so checkouts and venvs never rebuild
-each other's copy. Needs AVX-512, a C++ compiler (as torch.compile on
+Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
+extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,
+flags, torch version and environment, so checkouts and venvs never rebuild each other's copy.
+The build always runs the ``ninja`` of the ``ninja`` package when it is installed, whatever PATH
+says: ninja 1.11 and 1.13 hash the same command differently in ``.ninja_log``, so a process that
+found /usr/bin/ninja (1.11) and one that found the venv's (1.13) each rebuilt the other's build,
+~75 s a time, all through a test run. Needs AVX-512, a C++ compiler (as torch.compile on
 CPU does) and ninja (the ``serve`` extra). Where any is missing, or with ``TORCHFORMER_NATIVE=0``,
 ``kernels()`` is None and the callers take their library paths (oneDNN, SDPA).
 """
@@ -43,8 +47,10 @@ def kernels():
     try:
         from torch.utils.cpp_extension import get_default_build_root, load
 
-        folder = build_folder(Path(get_default_build_root()))
-        with build_lock(folder):
+        folder = build_folder(Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()))
+        with build_lock(folder), one_ninja():
+            if not (folder / f"{NAME}.so").exists():
+                log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
             module = load(name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder))
         torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         return module
@@ -61,6 +67,23 @@ def build_folder(root: Path) -> Path:
     folder = root / f"{NAME}-{key}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+@contextlib.contextmanager
+def one_ninja():
+    """PATH led by the ``ninja`` package's binary while torch builds (module docstring: two ninja
+    versions in one cache rebuild each other's output); unchanged where the package is missing."""
+    try:
+        from ninja import BIN_DIR
+    except ImportError:
+        yield
+        return
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([BIN_DIR, before])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
 
 
 @contextlib.contextmanager
