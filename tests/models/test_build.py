@@ -2,10 +2,13 @@
 DESIGN section 3 rule that no forward compares a string or reads the config."""
 
 import ast
+import math
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 import torchformer as tfm
 from torchformer.nn.block import parallel, parallel_shared, post_norm, pre_norm
@@ -103,11 +106,41 @@ def test_dropout_only_in_training(backend):
     assert (a - b).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("path", sorted((SRC / "nn").glob("*.py")), ids=lambda p: p.name)
-def test_gqa_never_copies_kv_heads(path):
-    """GQA groups query heads over shared K/V (sdpa's enable_gqa, a view in math), never a copy."""
-    text = path.read_text()
-    assert "repeat_interleave" not in text and "repeat_kv" not in text
+class Allocations(TorchDispatchMode):
+    """Records (op, shape) of every tensor an op allocates: views and in-place results, which share
+    an input's storage, are not new memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        storage = lambda t: t.untyped_storage().data_ptr()  # noqa: E731
+        inputs = {storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        new = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and storage(t) not in inputs]
+        self.made += [(str(func), tuple(t.shape)) for t in new]
+        return out
+
+
+@pytest.mark.parametrize("heads", ["gqa", "mqa"])
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+@torch.no_grad()
+def test_gqa_never_copies_kv_heads(backend, heads):
+    """GQA shares each K/V head across its group of query heads: in a prefill and a decode step no
+    op allocates a K or V with all n_heads (repeat_interleave, expand + contiguous, a broadcast
+    matmul), and the cache holds n_kv_heads."""
+    model = grid.build(dict(grid.variants(("decoder",))[0], heads=heads, backend=backend, position="rope-half"))
+    B, T, S, E = 2, 6, 17, grid.D_MODEL // grid.N_HEADS  # a cache of S slots: only K/V span S keys x E
+    cache = model.new_cache(B, S - 1)
+    ids = torch.randint(0, grid.VOCAB, (B, T + 1))
+    with Allocations() as seen:
+        model(ids[:, :T], positions=torch.arange(T), cache=cache)
+        model(ids[:, T:], positions=torch.tensor([T]), cache=cache)
+    # Scores are (B, H, T<=6, S): a tensor with S and B * n_heads * S * E elements is a full-heads K or V.
+    full = [(op, shape) for op, shape in seen.made if S in shape and math.prod(shape) == B * grid.N_HEADS * S * E]
+    assert not full, full
+    assert {(layer.k.shape, layer.v.shape) for layer in cache.layers} == {((B, grid.KV_HEADS[heads], S, E),) * 2}
 
 
 def test_mask_is_none_exactly_when_sdpa_is_causal_is_exact():

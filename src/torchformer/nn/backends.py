@@ -59,9 +59,11 @@ def math_attention(
     mask, bias = dense_inputs(mask, bias, is_causal, pattern)
     B, H, T, E = q.shape
     K, S = k.shape[1], k.shape[2]
-    # Group the query heads that share a K/V head instead of repeating K/V: (B, K, G, T, E).
-    qg = q.view(B, K, H // K, T, E)
-    scores = (qg.float() @ k.float().unsqueeze(2).transpose(-1, -2)).view(B, H, T, S) * scale
+    # The G = H / K query heads sharing a K/V head are stacked as G * T rows against it, one plain
+    # matmul per K/V head: (B, K, G*T, E) @ (B, K, E, S). (A broadcast over a group axis would make
+    # matmul expand and copy K and V G times.)
+    qg = q.float().reshape(B, K, H // K * T, E)
+    scores = (qg @ k.float().transpose(-1, -2)).view(B, H, T, S) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)  # Gemma 2: keeps logits in (-cap, cap)
     if bias is not None:
@@ -76,7 +78,7 @@ def math_attention(
         weights = weights * mask
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p)
-    out = (weights.view(B, K, H // K, T, S) @ v.float().unsqueeze(2)).view(B, H, T, v.shape[-1]).to(q.dtype)
+    out = (weights.reshape(B, K, H // K * T, S) @ v.float()).view(B, H, T, v.shape[-1]).to(q.dtype)
     return (out, weights) if need_weights else out
 
 
