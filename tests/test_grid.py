@@ -1,6 +1,12 @@
-"""The covering array in tests/grid.py really covers every pair, and every row builds."""
+"""The covering array in tests/grid.py really covers every pair, is the same in every process
+(whatever the hash seed), and every row builds."""
 
 import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,8 +25,41 @@ def test_every_pair_of_values_is_covered(archs):
     assert len(rows) <= 1.3 * 8 * 5
 
 
-def test_generation_is_deterministic():
-    assert grid.pairwise(grid.AXES) == grid.pairwise(grid.AXES)
+ROOT = Path(__file__).parent.parent
+HASH_SEEDS = ("0", "1", "12345")
+# The arch tuples the suite passes to grid.variants (grep "variants((" tests).
+ARCHS = [grid.AXES["arch"], ("decoder",), ("encoder",), ("encoder_decoder",), ("decoder", "encoder_decoder")]
+
+
+def all_rows_json() -> str:
+    """Every covering array the suite parametrizes over (the quirk grid too), as JSON."""
+    return json.dumps([*(grid.variants(a) for a in ARCHS), grid.quirk_variants()])
+
+
+def in_processes(code: str) -> list[str]:
+    """stdout of ``code`` in a fresh interpreter per PYTHONHASHSEED, as pytest-xdist workers are."""
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": seed},
+                         stdout=subprocess.PIPE, text=True)
+        for seed in HASH_SEEDS
+    ]  # fmt: skip
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    return outs
+
+
+def test_rows_are_the_same_in_every_process():
+    """xdist workers must collect the same parametrized ids: rows may not depend on hash order."""
+    here = all_rows_json()
+    children = in_processes("from tests.test_grid import all_rows_json; print(all_rows_json())")
+    for seed, there in zip(HASH_SEEDS, children, strict=True):
+        assert there == here + "\n", f"PYTHONHASHSEED={seed} gives other rows"
+
+
+def test_the_harness_sees_hash_order():
+    # Negative control: a set of strings iterates in a different order under these seeds.
+    outs = in_processes(f"print(list(set({list(grid.AXES['position'])!r})))")
+    assert len(set(outs)) > 1, outs
 
 
 def test_every_row_builds_a_valid_config():

@@ -1,6 +1,6 @@
 """RoBERTa, XLM-RoBERTa and DistilBERT against transformers: hidden states of a right-padded
-4 x 64 batch (and a left-padded one with positions given), HF round trips, bit-equal round
-trips from torchformer, verify, and the settings they cannot load."""
+4 x 64 batch (and a left-padded one with positions given), HF round trips, round trips
+from torchformer with bit-equal tensors, verify, and the settings they cannot load."""
 
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_hf_round_trip_loads_in_transformers(enc, tmp_path, name):
     fc.hf_round_trip(folder, hf, T.AutoModel, tmp_path / "export", run, model_type=model_type, head=head)
 
 
-def test_ours_round_trip_is_bit_equal(tmp_path):
+def test_ours_round_trip_has_bit_equal_tensors(tmp_path):
     small = dict(vocab_size=256, d_model=64, n_layers=2, attention={"n_heads": 4}, block={"d_ff": 96}, eos_token_id=2)
     roberta = tfm.presets.get("roberta-base", **small)
     fc.ours_round_trip(roberta, tmp_path / "roberta", "roberta")

@@ -141,7 +141,7 @@ def test_hf_to_ours_to_hf_loads_with_no_missing_keys_and_equal_outputs(family, n
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_ours_to_hf_to_ours_is_bit_equal(family, name, tmp_path):
+def test_ours_to_hf_to_ours_has_bit_equal_tensors(family, name, tmp_path):
     folder, _ = family(name)
     cfg = config_from_hf(folder)
     fc.ours_round_trip(cfg, tmp_path / "export", None)

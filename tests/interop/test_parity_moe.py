@@ -1,8 +1,8 @@
 """Expert families against transformers: Mixtral, Qwen3-MoE, Qwen2-MoE (shared expert with a
 sigmoid gate) and DeepSeek-V3 (MLA, sigmoid group-limited routing, shared experts, dense-first
 layers). Each: logits on a padded 4 x 64 batch within 1e-4, greedy 16 tokens == generate, HF ->
-torchformer -> HF through transformers' loader, torchformer -> HF -> torchformer bit-equal, the
-per-expert <-> batched transforms, and bad checkpoints named before any tensor is read."""
+torchformer -> HF through transformers' loader, torchformer -> HF -> torchformer with bit-equal
+tensors, the per-expert <-> batched transforms, and bad checkpoints named before any tensor is read."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import transformers as T
 
 from torchformer.interop import config_from_hf, from_hf, to_hf
 from torchformer.interop.hf_mixtral import stack_experts, unstack_experts
+from torchformer.models import saving
 
 from . import family_checks as fc
 
@@ -99,7 +100,7 @@ def test_hf_round_trip_loads_in_transformers(family, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", list(SPECS))
-def test_ours_round_trip_is_bit_equal(family, tmp_path, name):
+def test_ours_round_trip_has_bit_equal_tensors(family, tmp_path, name):
     cfg = config_from_hf(family(name)[0])
     fc.ours_round_trip(cfg, tmp_path / "a", name.split("-")[0])
 
@@ -115,8 +116,30 @@ def test_expert_transforms_round_trip():
     assert meta.shape == (5, 6, 4)
 
 
+@pytest.fixture
+def reads(monkeypatch):
+    """Names of the tensors whose data a load reads: every safetensors file the loader opens
+    (models/saving.py's safe_open) records get_tensor, its only way to read data."""
+    calls = []
+
+    class Handle:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def get_tensor(self, name):
+            calls.append(name)
+            return self.handle.get_tensor(name)
+
+        def __getattr__(self, attr):  # keys, get_slice(...).get_shape(), metadata: the header
+            return getattr(self.handle, attr)
+
+    opened = saving.safe_open
+    monkeypatch.setattr(saving, "safe_open", lambda *a, **k: Handle(opened(*a, **k)))
+    return calls
+
+
 @pytest.mark.parametrize("name", list(SPECS))
-def test_expert_count_mismatch_is_named_before_reading(family, tmp_path, name):
+def test_expert_count_mismatch_is_named_before_reading(family, tmp_path, name, reads):
     folder, _ = family(name)
     bad = tmp_path / "bad"
     shutil.copytree(folder, bad)
@@ -125,6 +148,9 @@ def test_expert_count_mismatch_is_named_before_reading(family, tmp_path, name):
     (bad / "config.json").write_text(json.dumps(dict(hf, **{key: hf[key] * 2})))
     with pytest.raises(ValueError, match=r"missing tensors: .*experts\.\d+\."):
         from_hf(bad)
+    assert reads == []
+    from_hf(folder)  # the spy sees a load that does read
+    assert reads
 
 
 def test_to_hf_refuses_a_dense_model_as_mixtral(tmp_path):

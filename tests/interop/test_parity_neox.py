@@ -81,7 +81,7 @@ def test_hf_round_trip_loads_in_transformers(neox, tmp_path, name):
     fc.hf_round_trip(folder, hf, T.AutoModelForCausalLM, tmp_path / "export", lambda m: m(input_ids=ids).logits)
 
 
-def test_ours_round_trip_is_bit_equal(tmp_path):
+def test_ours_round_trip_has_bit_equal_tensors(tmp_path):
     cfg = tfm.presets.get("pythia-160m", vocab_size=256, d_model=64, n_layers=2, attention={"n_heads": 4})
     fc.ours_round_trip(cfg, tmp_path / "a", "gpt_neox")
     fc.ours_round_trip(cfg.replace(block={"norm_placement": "pre"}, tie_embeddings=True), tmp_path / "b", "gpt_neox")

@@ -83,7 +83,7 @@ def test_hf_round_trip_loads_in_transformers(phi3, tmp_path, name):
     fc.hf_round_trip(folder, hf, T.AutoModelForCausalLM, tmp_path / "export", run, model_type="phi3")
 
 
-def test_ours_round_trip_is_bit_equal(tmp_path):
+def test_ours_round_trip_has_bit_equal_tensors(tmp_path):
     small = dict(vocab_size=256, d_model=64, n_layers=2, attention={"n_heads": 4, "n_kv_heads": 2}, block={"d_ff": 96})
     small.update(pad_token_id=0, eos_token_id=2)
     fc.ours_round_trip(tfm.presets.get("phi3-mini", **small), tmp_path / "a", "phi3")

@@ -120,7 +120,7 @@ def test_hf_round_trip_loads_in_transformers(t5, tmp_path, name):
     fc.hf_round_trip(folder, hf, T.AutoModelForSeq2SeqLM, tmp_path / "export", run)
 
 
-def test_ours_round_trip_is_bit_equal(tmp_path):
+def test_ours_round_trip_has_bit_equal_tensors(tmp_path):
     small = dict(vocab_size=256, d_model=64, n_layers=2, n_decoder_layers=2, attention={"n_heads": 4, "head_dim": 8})
     v10 = tfm.presets.get("t5-small", **small, block={"d_ff": 96}, head_scale=64**-0.5)  # the scale follows d_model
     fc.ours_round_trip(v10, tmp_path / "a", "t5")

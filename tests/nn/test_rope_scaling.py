@@ -313,7 +313,10 @@ def test_static_schemes_depend_only_on_offsets(name, fraction):
     model = sharp(model_config(STATIC[name], 64, pairing="interleaved", fraction=fraction))
     ids = torch.randint(0, 256, (2, 20))
     pos = torch.arange(20)[None]
-    assert (model(ids, positions=pos + 37) - model(ids, positions=pos)).abs().max() < 1e-4
+    base = model(ids, positions=pos)
+    assert (model(ids, positions=pos + 37) - base).abs().max() < 1e-4
+    # Control: positions that change the offsets change the logits, so the shift above was seen.
+    assert (model(ids, positions=pos * 2) - base).abs().max() > 1e-2  # 100x the tolerance above
 
 
 CACHED = {  # name -> (scaling, prompt length, total length): lengths on one side of ORIGINAL

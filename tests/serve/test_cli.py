@@ -69,10 +69,14 @@ def test_serve_a_checkpoint_folder(model_dir):
         out = client(url, api_key="k").chat.completions.create(
             model="mine", messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
-        assert out.usage.completion_tokens == 3
+        (choice,) = out.choices
+        assert out.model == "mine" and choice.finish_reason == "length" and choice.message.role == "assistant"
+        assert choice.message.content and out.usage.completion_tokens == 3 and out.usage.prompt_tokens > 0
     finally:
         stop(proc)
-    assert proc.returncode is not None
+    # SIGTERM is a graceful stop: uvicorn shuts down and the process exits 0 (serve/lifecycle.py),
+    # not -SIGTERM, nor -SIGKILL from stop()'s fallback.
+    assert proc.returncode == 0 and "Finished server process" in "".join(lines), "".join(lines)
 
 
 def test_serve_a_preset_says_token_ids_only():

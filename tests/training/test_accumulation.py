@@ -62,14 +62,25 @@ def test_mean_of_micro_batch_means_would_differ_with_padding():
     assert worst > 1e-4
 
 
+def _grads_and_saved(objective, batch, accum):
+    """_grads, and how many tensors autograd kept for backward on the way."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(None) or t, lambda t: t):
+        loss, grads = _grads(objective, batch, accum)
+    return loss, grads, len(saved)
+
+
 @pytest.mark.parametrize("case", [_decoder_case, _seq2seq_case])
-def test_activation_checkpointing_gives_the_same_gradients(case):
+def test_activation_checkpointing_saves_fewer_tensors_and_gives_the_same_gradients(case):
     from torchformer.training.train import checkpoint_blocks
 
     objective, batch = case()
-    loss1, g1 = _grads(objective, batch, 2)
+    loss1, g1, saved1 = _grads_and_saved(objective, batch, 2)
     checkpoint_blocks(objective.model)  # blocks now recompute their insides during backward
-    loss2, g2 = _grads(objective, batch, 2)
+    loss2, g2, saved2 = _grads_and_saved(objective, batch, 2)
+    # It took effect: a checkpointed block keeps its inputs, not its activations (measured 188 -> 28
+    # tensors for the decoder, 326 -> 38 for seq2seq).
+    assert saved2 < saved1 / 3, (saved1, saved2)
     assert loss2 == pytest.approx(loss1, abs=1e-6)
     for name in g1:
         torch.testing.assert_close(g2[name], g1[name], atol=1e-6, rtol=0, msg=name)

@@ -4,6 +4,7 @@ backend and the position schemes that restart per document; data.pack builds suc
 whole documents and trains; data.pack with seq2seq is a clear error."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from torchformer.nn import flex
 from torchformer.training import recipe as recipes
 from torchformer.training.batches import IGNORE, PackedLMBatches
 from torchformer.training.data import prepare
+from torchformer.training.losses import CausalLM
 from torchformer.training.train import train
 
 from .. import grid
@@ -65,7 +67,7 @@ def write_docs(path, n: int = 40):
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_pack_builds_batches_of_whole_documents_with_ids_and_trains(tmp_path):
+def test_pack_builds_batches_of_whole_documents_with_ids_and_trains(tmp_path, monkeypatch):
     write_docs(tmp_path / "docs.jsonl")
     recipe = tiny_recipe(tmp_path / "run", tmp_path / "docs.jsonl", data={"pack": True}, train={"steps": 4})
     data = prepare(recipe.to_dict()["data"], tmp_path / "cache")
@@ -78,8 +80,16 @@ def test_pack_builds_batches_of_whole_documents_with_ids_and_trains(tmp_path):
     crossing = b["document_ids"][:, 1:] != b["document_ids"][:, :-1]
     assert crossing.any() and (b["labels"][:, :-1][crossing] == IGNORE).all()
     assert (b["labels"][:, :-1][~crossing] != IGNORE).all()
+    calls = []  # (training?, packed batch?) per objective call
+    forward = CausalLM.forward
+    monkeypatch.setattr(CausalLM, "forward", lambda self, batch, **kw: (
+        calls.append((self.training, "document_ids" in batch)) or forward(self, batch, **kw)))  # fmt: skip
     result = train(recipe)
-    assert result is not None
+    # Four training steps ran on packed batches (evaluation used packed ones too), and they learned.
+    assert [c for c in calls if c[0]] == [(True, True)] * 4 and all(packed for _, packed in calls)
+    first, last = result.metrics[0], result.metrics[-1]
+    assert (first["step"], last["step"], result.step) == (0, 4, 4)
+    assert math.isfinite(last["train_loss"]) and last["val_loss"] < first["val_loss"] - 0.1, (first, last)
 
 
 def test_pack_with_seq2seq_or_mlm_is_a_clear_error():
