@@ -3,12 +3,18 @@ without console errors, and gives every section the README had a home (issue 32)
 
 from __future__ import annotations
 
+import contextlib
 import doctest
+import functools
+import http.server
 import importlib
 import inspect
+import json
 import pkgutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -145,13 +151,53 @@ def test_readme_is_the_front_door():
         assert f"docs/{page}" in readme, f"the README links no {page}"
 
 
-def test_index_and_api_page_open_in_a_browser_without_console_errors(site, browser, tmp_path):
-    from tests.analysis.test_html_browser import open_page
+@contextlib.contextmanager
+def served(folder: Path):
+    """``folder`` over HTTP on 127.0.0.1 (a free port), as `mkdocs serve` or any static server
+    serves the built site; yields the base URL."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    handler.log_message = lambda *a: None
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as httpd:
+        thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+        finally:
+            httpd.shutdown()
+            thread.join(10)
 
-    for page in ("index.html", "reference/python.html"):
-        errors, requests = open_page(browser, site / page)
-        assert errors == [], (page, errors)
-        assert not [r for r in requests if r.startswith(("http:", "https:"))], (page, requests)  # offline
-        shot = tmp_path / (page.replace("/", "-") + ".png")
-        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
-        print(f"screenshot of {page}: {shot}")
+
+def page_log(driver, url: str) -> tuple[list[str], list[str]]:
+    """Load ``url``; return (console errors, URLs requested outside ``url``'s origin)."""
+    driver.get_log("performance"), driver.get_log("browser")  # drop what came before
+    driver.get(url)
+    time.sleep(1)  # the search worker loads its index after the page
+    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    host = url.split("/")[2]
+    away = []
+    for entry in driver.get_log("performance"):
+        message = json.loads(entry["message"])["message"]
+        if message["method"] == "Network.requestWillBeSent":
+            asked = message["params"]["request"]["url"]
+            if asked.split(":", 1)[0] in ("http", "https", "ws", "wss") and asked.split("/")[2] != host:
+                away.append(asked)
+    return errors, away
+
+
+def test_index_and_api_page_open_in_a_browser_without_console_errors(site, browser, tmp_path):
+    with served(site) as base:
+        for page in ("index.html", "reference/python.html"):
+            errors, away = page_log(browser, base + page)
+            assert errors == [], (page, errors)
+            assert away == [], (page, away)  # offline: nothing leaves the machine
+            shot = tmp_path / (page.replace("/", "-") + ".png")
+            assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+            print(f"screenshot of {page}: {shot}")
+
+
+def test_the_page_check_sees_errors_and_requests_off_the_machine(browser, tmp_path):
+    """Not vacuous: a page with a script error and a remote image fails both checks."""
+    (tmp_path / "bad.html").write_text('<img src="http://127.0.0.1:9/x.png"><script>throw new Error("boom")</script>')
+    with served(tmp_path) as base:
+        errors, away = page_log(browser, base + "bad.html")
+    assert any("boom" in e for e in errors) and away == ["http://127.0.0.1:9/x.png"]
