@@ -50,8 +50,9 @@ def varied_case(
     """(model, prompts (rows, T)): the first ``make(seed)`` model (``seeds``: any values ``make``
     takes) for which ``rows`` of the candidate prompts (R, T) have plain greedy continuations of
     ``n_new`` tokens with at least ``min_distinct`` distinct tokens each, and the most varied such
-    prompts (in candidate order: with rows == R, all of them, e.g. a batch with its own mask). Plain ``generate`` only chooses the inputs here; the test still asserts that the
-    sequences it compares are varied."""
+    prompts (in candidate order: with rows == R, all of them, e.g. a batch with its own mask).
+    Plain ``generate`` only chooses the inputs here; the test still asserts that the sequences it
+    compares are varied."""
     import torchformer as tfm
 
     best = []

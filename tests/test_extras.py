@@ -37,5 +37,7 @@ def test_version_flag(capsys):
 
 def test_serve_without_its_extra_names_it(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "uvicorn", None)
+    for name in [n for n in sys.modules if n.startswith("torchformer.serve")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by an earlier test in this worker: import anew
     assert main(["serve", "llama-tiny"]) == 2
     assert "pip install 'torchformer[serve]'" in capsys.readouterr().err

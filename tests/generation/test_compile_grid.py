@@ -10,7 +10,8 @@ axis at least once."""
 import pytest
 import torch
 
-from tests.decoding import assert_varied, varied_case
+import torchformer as tfm
+from tests.decoding import assert_varied, distinct
 from tests.grid import AXES, VOCAB, build, params, variants
 from torchformer.generation import steps
 from torchformer.generation.generate import decode
@@ -29,7 +30,11 @@ def each_value_once(rows: list[dict]) -> list[dict]:
     return picked
 
 
-ROWS = each_value_once(variants(("decoder",))) + each_value_once(variants(("encoder_decoder",)))[:2]
+# Two encoder-decoder rows (one math, one sdpa), pre-norm or parallel: 1-layer post-norm
+# encoder-decoders repeat 1-3 tokens for every init and prompt tried; other tests cover them.
+ROWS = each_value_once(variants(("decoder",))) + [
+    v for v in each_value_once(variants(("encoder_decoder",))) if v["placement"] != "post"
+][:2]
 
 
 def run(model, ids, mask, compiled: bool):
@@ -57,24 +62,33 @@ def aot_eager(monkeypatch):
     torch._dynamo.reset()
 
 
-def varied_model(v, ids, mask, n_layers=1):
-    """The grid row's model (init 0.5, the first of 4 seeds) whose greedy 12 tokens are varied on
-    every row of (ids, mask): at init 0.1 most rows repeated one token (issue 33)."""
+def varied_inputs(v):
+    """(model, ids (4, 7), mask): the grid row's 1-layer model and four prompts, one per padding
+    pattern, whose greedy 12 tokens are varied (issue 33: tiny random models often repeat one
+    token). Each prompt is the most varied of 8 candidates with its pattern; the model is the
+    first of (init, seed) that gives every row >= 5 distinct tokens."""
+    pattern = torch.ones(4, 7, dtype=torch.long)
+    if v["arch"] == "decoder":
+        pattern[1, :3] = pattern[3, :1] = 0  # left padding
+    else:
+        pattern[1, -3:] = 0  # a source pads on the right
+    candidates = torch.randint(1, VOCAB, (32, 7), generator=torch.Generator().manual_seed(1))
+    mask = pattern.repeat(8, 1)  # candidate i has pattern i % 4
     kw = {"decoder_start_token_id": 0} if v["arch"] == "encoder_decoder" else {}
-    make = lambda s: build(v, seed=s, init_std=0.5, n_layers=n_layers)  # noqa: E731
-    return varied_case(make, ids, 12, 5, rows=len(ids), attention_mask=mask, **kw)[0]
+    best = []
+    for std, seed in [(std, seed) for std in (0.5, 1.0, 2.0) for seed in range(4)]:
+        model = build(v, seed=seed, init_std=std, n_layers=1)
+        out = tfm.generate(model, candidates, attention_mask=mask, max_new_tokens=12, **kw)[:, -12:]
+        pick = [4 * max(range(8), key=lambda j, i=i: len(set(out[4 * j + i].tolist()))) + i for i in range(4)]
+        if distinct(out[pick]) >= 5:
+            return model, candidates[pick], mask[pick]
+        best.append(distinct(out[pick]))
+    raise AssertionError(f"no init and seed gives 5 distinct greedy tokens on every row (best: {best})")
 
 
 @pytest.mark.parametrize("v", **params(ROWS))
 def test_compiled_decode_equals_eager(v, aot_eager):
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, VOCAB, (4, 7), generator=g)
-    mask = torch.ones_like(ids)
-    if v["arch"] == "decoder":
-        mask[1, :3] = mask[3, :1] = 0  # left padding
-    else:
-        mask[1, -3:] = 0  # a source pads on the right
-    model = varied_model(v, ids, mask)
+    model, ids, mask = varied_inputs(v)
     for b in (1, 4):
         eager_tok, eager_logits = run(model, ids[-b:], mask[-b:], False)
         assert_varied(eager_tok, 5)
@@ -88,8 +102,6 @@ def test_compiled_decode_equals_eager(v, aot_eager):
 
 def test_compiled_speculative_equals_plain_greedy(aot_eager):
     """Verify chunks (k + 1 rows) and the draft's 2-token and 1-token steps, compiled."""
-    import torchformer as tfm
-
     v = variants(("decoder",))[1]
     model, draft = build(v, init_std=0.1, n_layers=1), build(v, seed=3, init_std=0.1, n_layers=1)
     ids = torch.randint(1, model.config.vocab_size, (1, 7))
@@ -99,8 +111,6 @@ def test_compiled_speculative_equals_plain_greedy(aot_eager):
 
 
 def test_compiled_beam_search_equals_eager(aot_eager):
-    import torchformer as tfm
-
     v = variants(("encoder_decoder",))[0]
     model = build(v, init_std=0.1, n_layers=1)
     src = torch.randint(1, model.config.vocab_size, (2, 6))
