@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS ?= dev,bench
+# The suite on both cores: two pytest-xdist workers, each test at TORCHFORMER_TEST_THREADS torch
+# threads (default 1, tests/conftest.py); tests sharing one slow setup (the front door's trained
+# run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).
+TEST_WORKERS ?= 2
 
 .PHONY: install test demo lint bench clean browser docs
 
@@ -17,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
 
 # The attention explorer's test opens its HTML in Debian's headless chromium (via chromium-driver);
 # installed only when missing. CI and the project's machines run as root with Debian's archive.
