@@ -78,6 +78,33 @@ def test_compiled_outputs_equal_reference_for_one_and_several_rows():
             torch.testing.assert_close(got, F.linear(x.double(), w, lin.bias.double()).float(), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 70, 300])
+def test_int8_bf16_inference_never_dequantises_the_matrix(rows, monkeypatch):
+    """bf16 products of any row count run on the int8 bytes (torch's int8 weight-only kernel): a
+    float copy of the matrix is never made, and the output is the dequantised product."""
+    torch.manual_seed(3)
+    q = quantized("int8", torch.nn.Linear(128, 96))
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(3)).bfloat16()
+    ref = F.linear(x.double(), reference_weight(q), q.bias.double())
+    monkeypatch.setattr(Int8Linear, "dequantized", lambda self: pytest.fail("dequantised the whole weight"))
+    got = q(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 96)
+    # The kernel rounds the scales to bf16 (8 significant bits) and returns bf16.
+    torch.testing.assert_close(got.double(), ref, rtol=0.02, atol=0.05)
+
+
+def test_int8_with_autograd_keeps_the_differentiable_product():
+    """QLoRA trains adapters over a quantized base: the input's gradient flows through the base
+    (the int8 kernel has no backward), equal to the dequantised weight's."""
+    torch.manual_seed(4)
+    q = quantized("int8", torch.nn.Linear(64, 32))
+    x = torch.randn(6, 64, requires_grad=True)
+    q(x).square().sum().backward()
+    x_ref = x.detach().double().requires_grad_()
+    F.linear(x_ref, reference_weight(q), q.bias.double()).square().sum().backward()
+    torch.testing.assert_close(x.grad.double(), x_ref.grad, rtol=0, atol=1e-4)
+
+
 @pytest.mark.parametrize("v", **params(variants()))
 @pytest.mark.parametrize("scheme", ["int8", "int4"])
 def test_quantized_model_equals_its_dequantised_float_twin(v, scheme):

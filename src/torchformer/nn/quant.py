@@ -64,7 +64,18 @@ class QuantLinear(nn.Module):
             out = out if self.bias is None else out + self.bias.to(x.dtype)
             return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
+        if x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()) and self.fused_cpu(x.dtype):
+            out = self.cpu_product(x.reshape(rows, -1))  # (rows, N): the integer weights as they are
+            out = out if bias is None else out + bias
+            return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
         return linear(x, self.dequantized().to(x.dtype), bias)
+
+    def fused_cpu(self, dtype: torch.dtype) -> bool:
+        """Whether ``cpu_product`` runs for activations of ``dtype`` (no autograd through it)."""
+        return False
+
+    def cpu_product(self, x2: Tensor) -> Tensor:  # pragma: no cover - only where fused_cpu says so
+        raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -89,6 +100,18 @@ class Int8Linear(QuantLinear):
 
     def dequantized(self) -> Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
+
+    def fused_cpu(self, dtype: torch.dtype) -> bool:
+        # Measured over 4 layers of the Llama-3.2-1B shape (243M weights, 2 threads, best of 5):
+        # bf16 activations 1 / 8 / 64 rows: 67 / 98 / 586 ms against 305 / 976 / 1154 ms for
+        # dequantise + matmul. With fp32 activations torch's kernel is far slower (448 ms / 4.5 s
+        # / 23 s): fp32 keeps the dequantised product.
+        return dtype == torch.bfloat16
+
+    def cpu_product(self, x2: Tensor) -> Tensor:
+        """x2 (rows, K) bf16 against the int8 weight by torch's int8 weight-only kernel: each row of
+        weights is converted as it is read, never a float copy of the matrix (what a prefill did)."""
+        return torch._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scale.to(x2.dtype))  # (rows, N)
 
 
 class Int4Linear(QuantLinear):
