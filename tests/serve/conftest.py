@@ -90,6 +90,18 @@ def wait_until(check, timeout: float = 10.0, what: str = "condition"):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def kill_engine(engine, error: BaseException) -> None:
+    """Make the engine's thread die of ``error`` at its next turn, and wait until it has."""
+
+    def die():
+        raise error
+
+    engine.admit = die
+    with engine.wake:
+        engine.wake.notify_all()
+    wait_until(lambda: not engine.thread.is_alive(), what="the engine to die")
+
+
 def make_engine(model, tokenizer=None, **options) -> Engine:
     engine = Engine(lambda: model, lambda vocab: Texts(tokenizer, vocab), **options).start()
     wait_until(lambda: engine.healthy or engine.error is not None, timeout=60, what="the engine to load")

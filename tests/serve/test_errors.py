@@ -8,7 +8,7 @@ import threading
 import openai
 import pytest
 
-from tests.serve.conftest import NAME, client, httpx, serving, wait_until
+from tests.serve.conftest import NAME, client, httpx, kill_engine, serving, wait_until
 from torchformer.serve.app import create_app
 from torchformer.serve.engine import Engine
 from torchformer.serve.text import Texts
@@ -193,13 +193,7 @@ def test_health_is_503_while_loading_and_after_death(model_dir, tiny):
         out = client(running.url).completions.create(model=NAME, prompt=[1, 2], max_tokens=3, temperature=0)
         assert len(out.choices[0].text.split(" ")) == 3
 
-        def die():
-            raise SystemError("dead")
-
-        engine.admit = die
-        with engine.wake:
-            engine.wake.notify_all()
-        wait_until(lambda: not engine.thread.is_alive(), what="the engine to die")
+        kill_engine(engine, SystemError("dead"))
         response = httpx.get(f"{running.url}/health")
         assert response.status_code == 503 and "SystemError" in response.json()["status"]
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.serve.conftest import NAME, Running, httpx, serving, wait_until
+from tests.serve.conftest import NAME, Running, httpx, kill_engine, serving, wait_until
 from torchformer.serve.app import create_app
 from torchformer.serve.engine import Engine
 from torchformer.serve.text import Texts
@@ -114,13 +114,7 @@ def test_health_after_death_is_a_short_reason(tiny):
     try:
         wait_until(lambda: engine.healthy, what="the engine to load")
 
-        def die():
-            raise SystemError("/home/someone/secret/checkpoint.py line 3: dead")
-
-        engine.admit = die
-        with engine.wake:
-            engine.wake.notify_all()
-        wait_until(lambda: not engine.thread.is_alive(), what="the engine to die")
+        kill_engine(engine, SystemError("/home/someone/secret/checkpoint.py line 3: dead"))
         response = httpx.get(f"{running.url}/health")
         assert response.status_code == 503
         status = response.json()["status"]
