@@ -23,7 +23,8 @@ import torchformer
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info", ".*_cache")
 
-pytestmark = pytest.mark.slow
+# One worker: the module's built wheel and venv (~95 s) are made once, not once per xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed_wheel")]
 
 
 def run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -116,6 +116,9 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert [r["step"] for r in rows[0]] == [0, 6, 12, 18, 24]
 
 
+# One worker: the straight reference run (a module fixture) is trained once, not once per xdist worker.
+pytestmark = pytest.mark.xdist_group("reproducible")
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
