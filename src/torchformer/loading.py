@@ -13,9 +13,7 @@ from torch import nn
 from . import presets
 from .extras import require
 from .models.build import build_model
-from .models.saving import CONFIG_FILE, load, one_line, read_json
-
-TOKENIZER_FILE = "tokenizer.json"
+from .models.saving import CONFIG_FILE, TOKENIZER_FILE, load, one_line, read_json
 
 
 def model_kind(spec: str | os.PathLike) -> str:

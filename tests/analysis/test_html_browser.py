@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -59,22 +60,31 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def open_page(driver, path: Path) -> tuple[list[str], list[str]]:
-    """Load ``path``; return (console errors, URLs the page requested other than itself)."""
+WEB = ("http", "https", "ws", "wss")  # schemes of requests that can leave the machine
+
+
+def load(driver, url: str, settle: float = 0.0) -> tuple[list[str], list[tuple[str, str | None]]]:
+    """Load ``url`` and wait ``settle`` s more (scripts that load after the page); return (console
+    errors, (URL, the document that asked) of every request)."""
     driver.get_log("performance"), driver.get_log("browser")  # drop what came before
-    url = path.resolve().as_uri()
     driver.get(url)
+    time.sleep(settle)
     errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     requests = []
     for entry in driver.get_log("performance"):
         message = json.loads(entry["message"])["message"]
         if message["method"] == "Network.requestWillBeSent":
-            asked = message["params"]["request"]["url"]
-            by_page = message["params"].get("documentURL") == url
-            # Requests of the page itself, and any request anywhere that leaves the machine.
-            if (by_page and asked != url) or asked.split(":", 1)[0] in ("http", "https", "ws", "wss"):
-                requests.append(asked)
-    return errors, [r for r in requests if not r.startswith("data:")]
+            requests.append((message["params"]["request"]["url"], message["params"].get("documentURL")))
+    return errors, requests
+
+
+def open_page(driver, path: Path) -> tuple[list[str], list[str]]:
+    """Load ``path``; return (console errors, URLs the page requested other than itself)."""
+    url = path.resolve().as_uri()
+    errors, requests = load(driver, url)
+    # Requests of the page itself, and any request anywhere that leaves the machine.
+    asked = [r for r, by in requests if (by == url and r != url) or r.split(":", 1)[0] in WEB]
+    return errors, [r for r in asked if not r.startswith("data:")]
 
 
 def test_checks_catch_a_page_that_errs_and_fetches(browser, tmp_path):

@@ -9,12 +9,10 @@ import functools
 import http.server
 import importlib
 import inspect
-import json
 import pkgutil
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -169,19 +167,11 @@ def served(folder: Path):
 
 def page_log(driver, url: str) -> tuple[list[str], list[str]]:
     """Load ``url``; return (console errors, URLs requested outside ``url``'s origin)."""
-    driver.get_log("performance"), driver.get_log("browser")  # drop what came before
-    driver.get(url)
-    time.sleep(1)  # the search worker loads its index after the page
-    errors = [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    from tests.analysis.test_html_browser import WEB, load
+
+    errors, requests = load(driver, url, settle=1.0)  # the search worker loads its index after the page
     host = url.split("/")[2]
-    away = []
-    for entry in driver.get_log("performance"):
-        message = json.loads(entry["message"])["message"]
-        if message["method"] == "Network.requestWillBeSent":
-            asked = message["params"]["request"]["url"]
-            if asked.split(":", 1)[0] in ("http", "https", "ws", "wss") and asked.split("/")[2] != host:
-                away.append(asked)
-    return errors, away
+    return errors, [r for r, _ in requests if r.split(":", 1)[0] in WEB and r.split("/")[2] != host]
 
 
 def test_index_and_api_page_open_in_a_browser_without_console_errors(site, browser, tmp_path):

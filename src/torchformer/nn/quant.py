@@ -34,7 +34,11 @@ def symmetric_scale(w: Tensor, qmax: int) -> Tensor:
 
 
 class QuantLinear(nn.Module):
-    """Shared forward; subclasses define ``dequantized()`` -> (N, K) float32 and ``from_linear``."""
+    """Shared forward; subclasses define ``dequantized()`` -> (N, K) float32 and ``from_linear``,
+    and ``cpu_product(x2)`` for the activation dtypes in ``cpu_product_dtypes`` (a product over
+    the integer bytes, run on the CPU without autograd)."""
+
+    cpu_product_dtypes: tuple[torch.dtype, ...] = ()
 
     in_features: int
     out_features: int
@@ -64,18 +68,11 @@ class QuantLinear(nn.Module):
             out = out if self.bias is None else out + self.bias.to(x.dtype)
             return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
         bias = None if self.bias is None else self.bias.to(x.dtype)
-        if x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()) and self.fused_cpu(x.dtype):
+        if x.dtype in self.cpu_product_dtypes and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled()):
             out = self.cpu_product(x.reshape(rows, -1))  # (rows, N): the integer weights as they are
             out = out if bias is None else out + bias
             return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
         return linear(x, self.dequantized().to(x.dtype), bias)
-
-    def fused_cpu(self, dtype: torch.dtype) -> bool:
-        """Whether ``cpu_product`` runs for activations of ``dtype`` (no autograd through it)."""
-        return False
-
-    def cpu_product(self, x2: Tensor) -> Tensor:  # pragma: no cover - only where fused_cpu says so
-        raise NotImplementedError
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -101,12 +98,11 @@ class Int8Linear(QuantLinear):
     def dequantized(self) -> Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
 
-    def fused_cpu(self, dtype: torch.dtype) -> bool:
-        # Measured over 4 layers of the Llama-3.2-1B shape (243M weights, 2 threads, best of 5):
-        # bf16 activations 1 / 8 / 64 rows: 67 / 98 / 586 ms against 305 / 976 / 1154 ms for
-        # dequantise + matmul. With fp32 activations torch's kernel is far slower (448 ms / 4.5 s
-        # / 23 s): fp32 keeps the dequantised product.
-        return dtype == torch.bfloat16
+    # Measured over 4 layers of the Llama-3.2-1B shape (243M weights, 2 threads, best of 5): bf16
+    # activations 1 / 8 / 64 rows: 67 / 98 / 586 ms against 305 / 976 / 1154 ms for dequantise +
+    # matmul. With fp32 activations torch's kernel is far slower (448 ms / 4.5 s / 23 s): fp32
+    # keeps the dequantised product.
+    cpu_product_dtypes = (torch.bfloat16,)
 
     def cpu_product(self, x2: Tensor) -> Tensor:
         """x2 (rows, K) bf16 against the int8 weight by torch's int8 weight-only kernel: each row of

@@ -14,7 +14,7 @@ import collections
 import threading
 
 from .jobs import Job
-from .protocol import APIError
+from .protocol import APIError, shutting_down
 
 
 class Admission:
@@ -28,7 +28,7 @@ class Admission:
     def put(self, job: Job) -> None:
         with self.wake:
             if self.closed:
-                raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+                raise shutting_down()
             if len(self.waiting) + self.held >= self.slots + self.max_queue:
                 raise APIError(
                     429,

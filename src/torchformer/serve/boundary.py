@@ -22,7 +22,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse
 
-from .protocol import APIError, check_text, printable
+from .protocol import APIError, check_text, printable, shutting_down
 
 ANY = "*"
 
@@ -148,7 +148,7 @@ async def read_json(request, limit: int, timeout: float, closing: asyncio.Event)
                 await reading
     if not reading.done() or reading.cancelled():
         if closing.is_set():
-            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+            raise shutting_down()
         raise APIError(408, f"the request body was not received within {timeout:g} s", code="request_timeout")
     data = reading.result()  # raises its APIError (413) or ClientGone
     try:

@@ -30,12 +30,11 @@ from ..nn.packed import packed
 from .admission import Admission
 from .jobs import Event, Job
 from .metrics import Metrics
-from .protocol import APIError, Params, new_tokens
+from .protocol import APIError, Params, new_tokens, shutting_down
 from .rows import decode_rows, prefill_batches, prefill_rows, rows_view, span
 from .text import Texts
 
 log = logging.getLogger(__name__)
-SHUTTING_DOWN = APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
 class Engine:
@@ -192,13 +191,13 @@ class Engine:
         down (drain), waiting requests end at once, running ones at closing_at, with a 503."""
         now, closing = time.monotonic(), self.closing_at is not None
         for job in self.admission.close() if closing else ():
-            job.fail(SHUTTING_DOWN, self.metrics)
+            job.fail(shutting_down(), self.metrics)
         for job in [j for j in self.rows if j is not None]:
             if job.cancelled:
                 self.metrics.finish("cancelled")
                 self.free(job)
             elif closing and now >= self.closing_at:
-                job.fail(SHUTTING_DOWN, self.metrics)
+                job.fail(shutting_down(), self.metrics)
                 self.free(job)
             elif now > job.deadline:
                 job.finish("length", self.metrics)

@@ -32,6 +32,11 @@ def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
     return APIError(400, f"{param}: {message}", param=param, code=code)
 
 
+def shutting_down() -> APIError:
+    """The 503 of a request refused or ended because the server is stopping."""
+    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+
+
 @dataclass(frozen=True)
 class Params:
     """What the engine needs to run one request, validated."""
