@@ -1,4 +1,4 @@
-"""nn/native.py's decode kernel (one query per row over the first n cached keys) equals SDPA over
+"""fast/native.py's decode kernel (one query per row over the first n cached keys) equals SDPA over
 that prefix: MHA, GQA and MQA, head widths that are and are not multiples of 16, a per-head bias
 with -inf holes, a broadcast mask, no term at all; and a cached decode step routes through it."""
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer.nn import backends, native
+from torchformer.fast import native
+from torchformer.nn import backends
 
 SHAPES = [  # (B, H, K, E, S, n)
     (8, 8, 8, 64, 40, 17),

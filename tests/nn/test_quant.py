@@ -8,12 +8,16 @@ import torch.nn.functional as F
 
 import torchformer as tfm
 from tests.grid import build, output_logits, params, variants
+from torchformer.fast.formats import PanelLinear
 from torchformer.nn.linear import Linear, linear
 from torchformer.nn.quant import Int4Linear, Int8Linear, QuantLinear
 
 
 def reference_weight(q) -> torch.Tensor:
-    """Dequantise from the stored bytes, written independently of the module's own code."""
+    """Dequantise from the stored bytes, written independently of the module's own code (a
+    module in the CPU kernels' panels: from the bytes its state dict saves)."""
+    if isinstance(q, PanelLinear):
+        q = q.portable()
     if isinstance(q, Int8Linear):
         return q.qweight.to(torch.float64) * q.scale.to(torch.float64)[:, None]
     N, K, G = q.out_features, q.in_features, q.group_size

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
+from ..fast.formats import prepare
 from ..nn.head import LMHead
 from ..nn.quant import QuantLinear
 from .build import QUANT_LINEARS
@@ -87,7 +88,9 @@ def quantize(model: nn.Module, scheme: str = "int8", *, group_size: int | None =
     """Replace ``model``'s projections by weight-only quantized linears; returns the model (eval).
 
     scheme "int8": symmetric, one scale per output row. "int4": symmetric, two weights per byte,
-    one scale per ``group_size`` inputs (default 64). See ``torchformer.nn.quant``.
+    one scale per ``group_size`` inputs (default 64). See ``torchformer.nn.quant``. On a CPU with
+    the project's kernels the modules hold their weights in the kernels' panels
+    (``torchformer.fast.formats``); their state dict is the same.
     """
     q = check(model, scheme, group_size, lm_head)
     make = QUANT_LINEARS[q.scheme].from_linear
@@ -95,4 +98,5 @@ def quantize(model: nn.Module, scheme: str = "int8", *, group_size: int | None =
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, make(lin, q.group_size))
     model.quantization = q
+    prepare(model)  # the CPU kernels' panels where they run (fast/formats.py); nothing on meta or GPU
     return model.eval()

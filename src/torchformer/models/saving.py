@@ -19,6 +19,7 @@ from torch import nn
 
 from ..atomic import write_folder
 from ..config import ModelConfig
+from ..fast.formats import prepare
 from .build import build_model
 from .quantize import Quantization, quantize
 
@@ -127,7 +128,10 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
             )
     state = {name: read_tensor(handle, name, weights) for name in shapes}
     model.load_state_dict(state, strict=False, assign=True)
-    return materialize(model, cfg, device)
+    model = materialize(model, cfg, device)
+    if quantization is not None:
+        prepare(model)  # the integer weights in the CPU kernels' panels where they run (fast/formats.py)
+    return model
 
 
 def open_safetensors(file: Path, device: str = "cpu"):

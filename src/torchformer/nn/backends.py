@@ -24,7 +24,7 @@ which reads that count (a host read: CPU only, where it costs nothing) and runs 
 over that prefix of keys, mask and bias. torch.compile sees an opaque op: one graph for every
 step, each step the work of its real length. The slots cut off are masked for every query (exact
 zero weights), so only the kernel's blocking of the sums changes (fp32 reassociation). A step
-with one query per row (decoding) runs the decode kernel of nn/native.py where it is built:
+with one query per row (decoding) runs the decode kernel of fast/native.py where it is built:
 one pass over each row's keys and values per KV head, ~1.5x faster than SDPA's flash kernel
 there (72 against 108 us per layer at 8 rows x 8 heads x 75 keys, 1 thread).
 ``math_attention`` stays the plain reference.
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .native import kernels
+from ..fast.native import kernels
 from .patterns import Pattern
 
 

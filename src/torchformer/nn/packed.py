@@ -9,7 +9,7 @@ benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
     oneDNN ms          8.4   7.7   10.4  11.7  11.2  20.9  35.4
     MKL ms             11.1  21.0  16.8  19.4  19.5  32.4  41.8
 
-- The panel kernel (csrc/kernels.cpp through nn/native.py, AVX-512, built once per machine by
+- The panel kernel (fast/csrc/kernels.cpp through fast/native.py, AVX-512, built once per machine by
   torch's extension loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
   sequential stream and each input value is one broadcast FMA into 16 outputs, no horizontal sums.
 - oneDNN's inner product over the weight reordered into its blocked layout
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .native import kernels
+from ..fast.native import kernels
 
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
 LANES = 16  # outputs per panel: one AVX-512 register of fp32

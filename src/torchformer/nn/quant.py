@@ -52,6 +52,11 @@ class QuantLinear(nn.Module):
     def dequantized(self) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    @classmethod
+    def scheme_type(cls) -> type[QuantLinear]:
+        """The scheme's portable module class (a module in another layout names its scheme's)."""
+        return cls
+
     def rows_product(self, x2: Tensor) -> Tensor:
         """Compiled few-row product x2 (rows, K) -> (rows, N), dequantising inside the reduction."""
         return rowwise_product(x2, self.dequantized())
@@ -59,7 +64,7 @@ class QuantLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if self.training:
             raise ValueError(
-                f"{type(self).__name__}: a weight-only quantized model cannot be trained (its weights are "
+                f"{self.scheme_type().__name__}: a weight-only quantized model cannot be trained (its weights are "
                 "integer buffers); call model.eval(), or train the float model and quantize it afterwards"
             )
         rows = x.numel() // max(1, x.shape[-1])
@@ -128,9 +133,15 @@ class Int4Linear(QuantLinear):
         groups = lin.weight.float().reshape(N, K // group_size, group_size)  # (N, K/G, G)
         scale = symmetric_scale(groups, INT4_MAX)  # (N, K/G)
         q = torch.round(groups / scale[..., None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16)
+        return cls.from_values(q.reshape(N, K), scale, lin.bias, group_size)
+
+    @classmethod
+    def from_values(cls, q: Tensor, scale: Tensor, bias: Tensor | None, group_size: int) -> Int4Linear:
+        """From the signed values q (N, K) in [-8, 7] and their scales (N, K / G)."""
+        N, K = q.shape
         halves = (q + 8).to(torch.uint8).reshape(N, K // group_size, 2, group_size // 2)  # (N, K/G, 2, G/2)
         packed = halves[:, :, 0] | (halves[:, :, 1] << 4)  # (N, K/G, G/2)
-        return cls(packed.reshape(N, K // 2), scale, lin.bias, group_size)
+        return cls(packed.reshape(N, K // 2), scale, bias, group_size)
 
     def nibbles(self) -> tuple[Tensor, Tensor]:
         """The signed values of each group's first and second half: (N, K/G, G/2) float each."""

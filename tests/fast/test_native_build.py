@@ -1,10 +1,10 @@
-"""The extension loader's build folder and lock (nn/native.py); no compiler needed."""
+"""The extension loader's build folder and lock (fast/native.py); no compiler needed."""
 
 import multiprocessing
 import os
 import time
 
-from torchformer.nn import native
+from torchformer.fast import native
 
 
 def test_build_folder_is_keyed_by_source_flags_and_environment(tmp_path, monkeypatch):

@@ -1,9 +1,11 @@
-"""The project's two CPU kernels (csrc/kernels.cpp), compiled on first use by torch's extension loader.
+"""The project's CPU kernels (csrc/), compiled on first use by torch's extension loader.
 
-- ``panel_mm`` / ``torchformer::panel_linear``: few-row products over weights packed in 16-row
-  panels (nn/packed.py), with the registry of current panels the op reads.
-- ``decode_attention``: one query per row over the live prefix of the static cache
+- ``panel_mm`` / ``torchformer::panel_linear`` (kernels.cpp): few-row products over fp32 weights
+  packed in 16-row panels (nn/packed.py), with the registry of current panels the op reads.
+- ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
+- ``torchformer::bf16_mm`` / ``int8_mm`` / ``int4_mm`` (formats.cpp): products over bf16, int8 and
+  int4 weights in the same panels, widened in registers (fast/formats.py).
 
 Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
 extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,
@@ -31,7 +33,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "kernels.cpp"
+SOURCES = [Path(__file__).with_name("csrc") / name for name in ("kernels.cpp", "formats.cpp")]
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
 FLAGS = [  # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
     "-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
@@ -51,7 +53,7 @@ def kernels():
         with build_lock(folder), one_ninja():
             if not (folder / f"{NAME}.so").exists():
                 log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
-            module = load(name=NAME, sources=[str(SOURCE)], extra_cflags=FLAGS, build_directory=str(folder))
+            module = load(name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(folder))
         torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
         return module
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the library paths still work
@@ -62,7 +64,14 @@ def kernels():
 def build_folder(root: Path) -> Path:
     """This source's build folder: one per (source, flags, torch, environment)."""
     key = hashlib.sha256(
-        b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), torch.__version__.encode(), sys.prefix.encode()])
+        b"\0".join(
+            [
+                *(s.read_bytes() for s in SOURCES),
+                " ".join(FLAGS).encode(),
+                torch.__version__.encode(),
+                sys.prefix.encode(),
+            ]
+        )
     ).hexdigest()[:16]
     folder = root / f"{NAME}-{key}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,181 @@
+"""Quantized linears in the CPU kernels' layout: the int8 / int4 weights of nn/quant.py in panels.
+
+Legend: N out features, K in features, G group size, P = ceil(N / 16) panels, rows = the product
+of x's leading dims.
+
+A decode step reads every weight once, so a quantized model is only as fast as its product reads
+the integer bytes. torch's int8 / int4 weight-only CPU kernels read them at 3.6 / 5.4 GB/s for one
+row here (and only with bf16 activations); the kernels of csrc/formats.cpp read the same bytes
+from 16-row panels, widening each weight to fp32 in registers as it is read (int8: one scale per
+output row at the end; int4: the nibble and its group's scale in one FMA), so one row streams the
+weights near the memory bound and a prefill never writes an fp32 copy of a matrix.
+
+The layout belongs to the CPU that runs it, so it is made at run time and never saved:
+``prepare(model)`` swaps each ``Int8Linear`` / ``Int4Linear`` for its panel twin (one copy of the
+bytes: the portable module is dropped), and a twin's state dict is the portable module's, so
+``tfm.save`` writes the same checkpoint either way. ``tfm.quantize`` and ``tfm.load`` call
+``prepare``; it does nothing where the kernels are not built (no AVX-512, no compiler,
+``TORCHFORMER_NATIVE=0``), on other devices, or for shapes the kernels do not take (K not a
+multiple of 8 for int4 / 4 for int8, a group not a multiple of 8).
+
+Numerics: activations are not quantized. A product equals x times the dequantized weight (q * s)
+of the reference module, up to the order of the fp32 sums; bf16 activations are widened to fp32
+and the result rounded back. Autograd, training mode and other devices take the reference path
+(``QuantLinear.forward`` over ``dequantized()``), which unpacks the panels exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
+from .native import kernels
+
+LANES = 16  # outputs per panel: one AVX-512 register of fp32
+
+
+@functools.cache
+def ops_ready() -> bool:
+    """Whether the format kernels are built here (and their fake kernels registered, so that
+    torch.compile traces through them as opaque calls)."""
+    if kernels() is None:
+        return False
+    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::bf16_mm")(lambda x, w, n: x.new_empty((x.shape[0], n)))
+    return True
+
+
+def to_panels(rows: Tensor) -> Tensor:
+    """rows (N, K', ...) -> (P, K', 16, ...): output rows 16p..16p+15 side by side per input index,
+    zero-padded past N."""
+    N = rows.shape[0]
+    padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
+    padded[:N] = rows
+    return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
+
+
+def from_panels(panels: Tensor, n: int) -> Tensor:
+    """The inverse of ``to_panels``: (P, K', 16, ...) -> (N, K', ...)."""
+    return panels.transpose(1, 2).reshape(-1, *panels.shape[1:2], *panels.shape[3:])[:n]
+
+
+class PanelLinear(QuantLinear):
+    """A quantized linear in panels; its state dict is its portable module's (``portable()``).
+    Each twin also subclasses its portable class: it is that scheme's module, in another layout."""
+
+    cpu_product_dtypes = ()  # the panels' product is forward's own (the portable one reads qweight)
+
+    def __init__(self, source: QuantLinear) -> None:
+        nn.Module.__init__(self)
+        if not ops_ready():
+            raise RuntimeError(
+                f"{type(self).__name__}: the CPU kernels are not built here; keep {type(source).__name__}"
+            )
+        self.fill(source)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):
+            return super().forward(x)  # the reference: training error, autograd, other devices
+        rows = x.numel() // max(1, x.shape[-1])
+        out = self.product(x.reshape(rows, -1).float().contiguous())  # (rows, N) fp32
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def product(self, x2: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def portable(self) -> QuantLinear:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def dequantized(self) -> Tensor:  # (N, K) float32: the reference product's weight (autograd, QLoRA)
+        return self.portable().dequantized()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.portable()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        source = self.portable()
+        source._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        self.fill(source)  # repack what was loaded
+
+    def fill(self, source: QuantLinear) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Int8Panels(PanelLinear, Int8Linear):
+    """``Int8Linear`` as panels (P, K, 16) int8 and its row scales padded to P * 16."""
+
+    def fill(self, source: Int8Linear) -> None:
+        self.out_features, self.in_features = source.out_features, source.in_features
+        self.register_buffer("panels", to_panels(source.qweight), persistent=False)
+        self.register_buffer("scale", to_panels(source.scale[:, None]).reshape(-1), persistent=False)
+        self._init_bias(source.bias)
+
+    @classmethod
+    def scheme_type(cls) -> type[QuantLinear]:
+        return Int8Linear
+
+    def product(self, x2: Tensor) -> Tensor:
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features)
+
+    def portable(self) -> Int8Linear:
+        N = self.out_features
+        return Int8Linear(from_panels(self.panels, N), self.scale[:N].clone(), self.bias)
+
+
+class Int4Panels(PanelLinear, Int4Linear):
+    """``Int4Linear`` as panels (P, K / 2, 16) of bytes (low nibble input 2j, high input 2j + 1,
+    each q + 8) and its scales as (P, K / G, 16)."""
+
+    def fill(self, source: Int4Linear) -> None:
+        self.out_features, self.in_features, self.group_size = (
+            source.out_features,
+            source.in_features,
+            source.group_size,
+        )
+        u = (source.unpacked() + 8).to(torch.uint8).view(self.out_features, -1, 2)  # (N, K/2, 2) in [1, 15]
+        self.register_buffer("panels", to_panels(u[..., 0] | (u[..., 1] << 4)), persistent=False)  # (P, K/2, 16)
+        self.register_buffer("scale", to_panels(source.scale), persistent=False)  # (P, K/G, 16)
+        self._init_bias(source.bias)
+
+    @classmethod
+    def scheme_type(cls) -> type[QuantLinear]:
+        return Int4Linear
+
+    def product(self, x2: Tensor) -> Tensor:
+        return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, self.out_features, self.group_size)
+
+    def portable(self) -> Int4Linear:
+        N = self.out_features
+        b = from_panels(self.panels, N)  # (N, K/2)
+        q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=-1).reshape(N, -1)
+        return Int4Linear.from_values(q, from_panels(self.scale, N).contiguous(), self.bias, self.group_size)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}"
+
+
+def fits(module: nn.Module) -> type[PanelLinear] | None:
+    """The panel twin for ``module``, or None where the kernels cannot run it."""
+    twin = None
+    if type(module) is Int8Linear and module.qweight.is_cpu and module.in_features % 4 == 0:
+        twin = Int8Panels
+    if type(module) is Int4Linear and module.qweight.is_cpu and module.group_size % 8 == 0:
+        twin = Int4Panels
+    return twin if twin is not None and ops_ready() else None
+
+
+def prepare(model: nn.Module) -> int:
+    """Swap ``model``'s quantized linears for their panel twins where the kernels run; returns how
+    many were swapped (module docstring). Idempotent; a no-op without the kernels."""
+    swaps = [(name, twin) for name, m in model.named_modules() if (twin := fits(m)) is not None]
+    for name, twin in swaps:
+        parent, _, leaf = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        setattr(owner, leaf, twin(getattr(owner, leaf)))
+    return len(swaps)

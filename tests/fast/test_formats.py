@@ -1,0 +1,118 @@
+"""The quantized linears in the CPU kernels' panels (fast/formats.py): their products equal x times
+the dequantized weight (computed here in float64 from the portable module's bytes), eager, under
+torch.compile and with autograd; their state dict is the portable module's; ``prepare`` swaps
+only where the kernels run, and without them the same model gives the same outputs."""
+
+import pytest
+import torch
+from torch import nn
+
+import torchformer as tfm
+from tests.grid import build, variants
+from torchformer.fast import formats
+from torchformer.nn.quant import Int4Linear, Int8Linear
+
+pytestmark = pytest.mark.skipif(
+    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+)
+
+
+def portable(kind: str, n: int, k: int, group: int, bias: bool, seed: int = 0):
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    return (Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, group)).eval()
+
+
+def reference(source, x: torch.Tensor) -> torch.Tensor:
+    """x @ W^T + b in float64, W from the portable module's stored bytes."""
+    w = source.dequantized().double()
+    out = x.double() @ w.T
+    return out if source.bias is None else out + source.bias.double()
+
+
+# (kind, N, K, group): N off the 16-row panel grid, K from one line to several blocks, every group.
+SHAPES = [
+    ("int8", 40, 64, 0), ("int8", 33, 132, 0), ("int8", 256, 512, 0), ("int8", 17, 4, 0),
+    ("int4", 40, 64, 8), ("int4", 33, 128, 32), ("int4", 48, 512, 64), ("int4", 20, 256, 128),
+    ("int4", 16, 96, 16),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,n,k,group", SHAPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
+def test_product_equals_the_dequantized_reference(kind, n, k, group, rows):
+    source = portable(kind, n, k, group, bias=rows % 2 == 1)
+    twin = formats.fits(source)(source)
+    x = torch.randn(rows, k)
+    with torch.no_grad():
+        out = twin(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), reference(source, x), rtol=1e-5, atol=1e-5)
+
+
+def test_leading_dims_and_bf16_activations():
+    source = portable("int4", 24, 64, 32, bias=True)
+    twin = formats.fits(source)(source)
+    x = torch.randn(2, 3, 64).bfloat16()
+    with torch.no_grad():
+        out = twin(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 24)
+    expected = reference(source, x.float().reshape(6, 64)).reshape(2, 3, 24)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)  # one bf16 rounding of the result
+
+
+@pytest.mark.parametrize("kind,group", [("int8", 0), ("int4", 16)])
+def test_state_dict_is_the_portable_one_and_loads_back(kind, group):
+    source = portable(kind, 37, 64, group, bias=True)
+    twin = formats.fits(source)(source)
+    a, b = source.state_dict(), twin.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) and a[name].dtype == b[name].dtype for name in a)
+    assert not hasattr(twin, "qweight")  # one copy of the bytes: the panels only
+    other = portable(kind, 37, 64, group, bias=True, seed=1)
+    twin.load_state_dict(other.state_dict())  # repacked from the portable layout
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x).double(), reference(other, x), rtol=1e-5, atol=1e-5)
+    assert isinstance(twin, type(source))  # still the scheme's module for every isinstance check
+
+
+@pytest.mark.parametrize("kind,group", [("int8", 0), ("int4", 32)])
+def test_compiled_forward_calls_the_kernel(kind, group):
+    import torch._dynamo.testing
+    from torch._inductor.utils import run_and_get_code
+
+    source = portable(kind, 48, 128, group, bias=True)
+    twin = formats.fits(source)(source)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(twin, backend=counter, fullgraph=True)
+    x = torch.randn(2, 128)
+    with torch.no_grad():
+        out, code = run_and_get_code(compiled, x)
+        compiled(torch.randn(2, 128))  # same shapes: no second compile
+    assert counter.frame_count == 1
+    assert f"torchformer.{kind}_mm" in "".join(code)  # the kernel, not a dequantized weight, in the graph
+    torch.testing.assert_close(out.double(), reference(source, x), rtol=1e-5, atol=1e-5)
+
+
+def test_autograd_takes_the_reference_product():
+    source = portable("int4", 24, 64, 16, bias=False)
+    twin = formats.fits(source)(source)
+    x = torch.randn(3, 64, requires_grad=True)
+    twin(x).square().sum().backward()
+    xr = x.detach().double().requires_grad_()
+    (xr @ source.dequantized().double().T).square().sum().backward()
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme,group", [("int8", None), ("int4", 16)])
+def test_prepare_swaps_only_with_the_kernels_and_outputs_agree(monkeypatch, scheme, group):
+    v = next(v for v in variants(("decoder",)) if not v["bias"])
+    fast = tfm.quantize(build(v), scheme, group_size=group)
+    kinds = {type(m) for m in fast.modules()}
+    assert formats.Int8Panels in kinds or formats.Int4Panels in kinds
+    monkeypatch.setattr(formats, "ops_ready", lambda: False)  # as where the build failed
+    plain = tfm.quantize(build(v), scheme, group_size=group)
+    assert not any(isinstance(m, formats.PanelLinear) for m in plain.modules())
+    ids = torch.randint(0, fast.config.vocab_size, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(fast(ids), plain(ids), rtol=1e-4, atol=1e-4)
