@@ -116,3 +116,45 @@ def test_prepare_swaps_only_with_the_kernels_and_outputs_agree(monkeypatch, sche
     ids = torch.randint(0, fast.config.vocab_size, (2, 7))
     with torch.no_grad():
         torch.testing.assert_close(fast(ids), plain(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n,k", [(40, 64), (33, 70), (7, 16), (50, 300)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 70])
+def test_bf16_product_over_the_weight_as_it_is(n, k, rows):
+    torch.manual_seed(n * rows)
+    w, x = torch.randn(n, k).bfloat16(), torch.randn(rows, k)
+    out = torch.ops.torchformer.bf16_linear(x, w)
+    torch.testing.assert_close(out.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
+
+
+def test_bf16_linear_shares_its_parameters_and_trains_as_before():
+    from torchformer.nn.linear import Linear
+
+    torch.manual_seed(0)
+    source = Linear(48, 20).bfloat16()
+    twin = formats.Bf16Linear.of(source)
+    assert twin.weight is source.weight and twin.bias is source.bias  # no copy
+    assert twin.state_dict().keys() == source.state_dict().keys()
+    x = torch.randn(2, 3, 48).bfloat16()
+    with torch.no_grad():
+        out = twin(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 20)
+    expected = x.double() @ source.weight.double().T + source.bias.double()
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-2)  # one bf16 rounding of the result
+    twin(x).float().sum().backward()  # autograd: Linear's own product and gradients
+    assert twin.weight.grad is not None and twin.weight.grad.dtype == torch.bfloat16
+
+
+def test_prepare_moves_a_bf16_model_onto_the_kernel_and_greedy_decoding_agrees(monkeypatch):
+    v = next(v for v in variants(("decoder",)) if not v["bias"])
+    fast = build(v).bfloat16().eval()
+    plain = build(v).bfloat16().eval()
+    assert formats.prepare(fast) > 0 and any(type(m) is formats.Bf16Linear for m in fast.modules())
+    assert formats.prepare(fast) == 0  # idempotent
+    ids = torch.randint(0, fast.config.vocab_size, (2, 7))
+    with torch.no_grad():
+        a, b = fast(ids).float(), plain(ids).float()
+    torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)  # bf16 roundings of the same fp32 sums, reordered
+    monkeypatch.setattr(formats, "ops_ready", lambda: False)
+    other = build(v).bfloat16().eval()
+    assert formats.prepare(other) == 0 and not any(type(m) is formats.Bf16Linear for m in other.modules())

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torchformer.fast.scope import packed
 from torchformer.nn import packed as P
 from torchformer.nn.linear import COMPILED_ROWS, Linear
 
@@ -55,7 +56,7 @@ def test_packed_products_equal_f_linear(lead, bias, kind, monkeypatch):
     m = model(bias=bias)
     x = torch.randn(*lead, 40)
     found = count_packed_calls(monkeypatch)
-    with P.packed(m, rows=8):
+    with packed(m, rows=8):
         want = P.panel_product if kind == "panel" else P.onednn_product
         assert m[0].prepacked is m[2].prepacked is want
         out = m(x)
@@ -74,7 +75,7 @@ def test_compiled_products_go_through_the_packed_copy(kind, monkeypatch):
     torch._dynamo.reset()
     row_counts = (P.MIN_ROWS, COMPILED_ROWS + 1, 8, 16) if kind == "panel" else (P.MIN_ROWS, COMPILED_ROWS + 1, 8)
     try:
-        with P.packed(m, rows=8):
+        with packed(m, rows=8):
             step = torch.compile(m, dynamic=False, fullgraph=True)
             for rows in row_counts:
                 x = torch.randn(rows, 40)
@@ -100,7 +101,7 @@ def test_panel_kernel_equals_the_product_for_any_shape(n, k, rows):
 def test_a_weight_changed_after_packing_is_not_multiplied_stale():
     m = model()
     x = torch.randn(8, 40)
-    with P.packed(m, rows=8):
+    with packed(m, rows=8):
         with torch.no_grad():
             m[0].weight.mul_(-2.0)  # an in-place update (optimizer step, load_state_dict's copy_)
         assert P.current(m[0].weight) is None and P.current(m[2].weight) is not None
@@ -113,22 +114,22 @@ def test_a_weight_changed_after_packing_is_not_multiplied_stale():
 
 def test_packing_is_scoped_and_nests():
     m = model()
-    with P.packed(m, rows=2):  # too few rows to pay: nothing packed
+    with packed(m, rows=2):  # too few rows to pay: nothing packed
         assert not m[0].prepacked and not P._COPIES
-    with P.packed(m, rows=8):
-        with P.packed(m, rows=8):  # already packed: the inner block leaves the outer's copies alone
+    with packed(m, rows=8):
+        with packed(m, rows=8):  # already packed: the inner block leaves the outer's copies alone
             pass
         assert m[0].prepacked and P.current(m[0].weight) is not None
     assert not m[0].prepacked and not P._COPIES
     m64 = model().double()
-    with P.packed(m64, rows=8):  # only fp32 CPU weights are packed
+    with packed(m64, rows=8):  # only fp32 CPU weights are packed
         assert not m64[0].prepacked and not P._COPIES
 
 
 def test_products_under_autograd_keep_f_linear_and_its_backward():
     m = model()
     x = torch.randn(8, 40, requires_grad=True)
-    with P.packed(m, rows=8):
+    with packed(m, rows=8):
         out = m(x)
         out.sum().backward()
     ref_m = model()

@@ -31,6 +31,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from .native import kernels
 
@@ -45,7 +46,7 @@ def ops_ready() -> bool:
         return False
     torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
-    torch.library.register_fake("torchformer::bf16_mm")(lambda x, w, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     return True
 
 
@@ -160,9 +161,38 @@ class Int4Panels(PanelLinear, Int4Linear):
         return super().extra_repr() + f", group_size={self.group_size}"
 
 
-def fits(module: nn.Module) -> type[PanelLinear] | None:
-    """The panel twin for ``module``, or None where the kernels cannot run it."""
+class Bf16Linear(Linear):
+    """A bf16 ``Linear`` whose inference products on the CPU run the kernel over its own weight
+    (csrc/formats.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
+    torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
+    rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md). Training, autograd,
+    other dtypes and devices take ``Linear``'s path."""
+
+    @classmethod
+    def of(cls, source: Linear) -> Bf16Linear:
+        twin = cls.__new__(cls)
+        twin.__dict__.update(source.__dict__)  # the same Parameters, hooks and flags, not copies
+        return twin
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight
+        if w.dtype != torch.bfloat16 or not (x.is_cpu and w.is_cpu) or self.grad_needed(x):
+            return super().forward(x)
+        rows = x.numel() // max(1, x.shape[-1])
+        out = torch.ops.torchformer.bf16_linear(x.reshape(rows, -1).float().contiguous(), w.contiguous())  # (rows, N)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def grad_needed(self, x: Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+
+
+def fits(module: nn.Module) -> type[nn.Module] | None:
+    """The kernels' twin for ``module``, or None where the kernels cannot run it."""
     twin = None
+    if type(module) is Linear and module.weight.dtype == torch.bfloat16 and module.weight.is_cpu:
+        twin = Bf16Linear
     if type(module) is Int8Linear and module.qweight.is_cpu and module.in_features % 4 == 0:
         twin = Int8Panels
     if type(module) is Int4Linear and module.qweight.is_cpu and module.group_size % 8 == 0:
@@ -171,11 +201,12 @@ def fits(module: nn.Module) -> type[PanelLinear] | None:
 
 
 def prepare(model: nn.Module) -> int:
-    """Swap ``model``'s quantized linears for their panel twins where the kernels run; returns how
-    many were swapped (module docstring). Idempotent; a no-op without the kernels."""
+    """Swap ``model``'s quantized linears for their panel twins and its bf16 ``Linear``s for
+    ``Bf16Linear`` where the kernels run; returns how many were swapped (module docstring).
+    Idempotent; a no-op without the kernels."""
     swaps = [(name, twin) for name, m in model.named_modules() if (twin := fits(m)) is not None]
     for name, twin in swaps:
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, twin(getattr(owner, leaf)))
+        setattr(owner, leaf, twin.of(getattr(owner, leaf)) if twin is Bf16Linear else twin(getattr(owner, leaf)))
     return len(swaps)

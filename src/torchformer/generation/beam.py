@@ -22,7 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..nn.packed import packed
+from ..fast.scope import packed
 from .request import Request, check_float, check_int, make_request
 from .steps import prefill, steady, step_function
 

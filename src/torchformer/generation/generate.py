@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..nn.packed import packed
+from ..fast.scope import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process
 from .speculative import SpeculativeStream

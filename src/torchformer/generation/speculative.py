@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..nn.packed import packed
+from ..fast.scope import packed
 from .request import Request
 from .sampling import Sampling, argmax, process, sample
 from .steps import chunk_step, step_function

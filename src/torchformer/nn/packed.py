@@ -33,9 +33,7 @@ Numerics: fp32 products, sums in another order (reassociation only).
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -150,14 +148,3 @@ def unpack(modules: list[nn.Module]) -> None:
         copy = _COPIES.pop(module.weight.data_ptr(), None)
         if copy is not None and copy.panel:
             kernels().unregister_panels(module.weight)
-
-
-@contextlib.contextmanager
-def packed(model: nn.Module, rows: int = MIN_ROWS) -> Iterator[None]:
-    """Pack ``model``'s Linears while the block runs, when its products will have >= MIN_ROWS
-    rows (``rows``: the decode batch); a no-op otherwise, or for weights that cannot be packed."""
-    modules = pack(model) if rows >= MIN_ROWS else []
-    try:
-        yield
-    finally:
-        unpack(modules)

@@ -26,7 +26,7 @@ import torch
 from ..generation.steps import steady
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache
-from ..nn.packed import packed
+from ..fast.scope import packed
 from .admission import Admission
 from .jobs import Event, Job
 from .metrics import Metrics

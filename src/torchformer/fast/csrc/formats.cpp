@@ -1,14 +1,14 @@
-// Few-row products y = x W^T over weights stored in their compact formats, packed in panels of 16
-// output rows (fast/formats.py), with fp32 activations and fp32 sums: bf16, int8 (one scale per
-// output row) and int4 (two values per byte, one scale per group of G inputs).
+// Products y = x W^T over weights stored in their compact formats, with fp32 activations and fp32
+// sums: int8 (one scale per output row) and int4 (two values per byte, one scale per group of G
+// inputs) packed in panels of 16 output rows (fast/formats.py), and bf16 in its own layout (below).
 //
 // The panel layout is kernels.cpp's: panel p holds outputs 16p..16p+15 and, for each input index k,
 // their 16 weights side by side, so one panel is one sequential stream and each input value is one
 // broadcast FMA into 16 outputs (no horizontal sums). What differs is the load: the 16 weights of
-// one k are widened to fp32 in registers as they are read (bf16: a 16-bit shift; int8: sign
-// extension then conversion; int4: two k's per byte, the nibble masked out, converted, and scaled
-// by its group's scale). No fp32 copy of a weight is ever written: decoding reads the compact
-// bytes only, which is the whole point of storing them (a one-row product is bound by them).
+// one k are widened to fp32 in registers as they are read (int8: sign extension then conversion;
+// int4: two k's per byte, each nibble looked up in a table of the 16 values, the group's scales
+// applied to the group's sums). No fp32 copy of a weight is ever written: decoding reads the
+// compact bytes only, which is the whole point of storing them (a one-row product is bound by them).
 // The activations are not quantized: int8 and int4 products equal x times the dequantized weight
 // (q * s) up to the order of fp32 sums, the same numerics as the reference modules in nn/quant.py.
 //
@@ -34,53 +34,40 @@ constexpr int64_t BLOCK_BYTES = 16384; // K block per panel when rows > 8
 
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
-// Each format: BYTES_PER_K bytes of a panel per input index; STEP k's per load; scale handling.
-struct Bf16 {
-  static constexpr int64_t STEP = 1;
-  static constexpr int64_t BYTES = 32;  // per step per panel
-  const float* scale;  // unused
-  int64_t group;       // unused
-  inline void group_begin(int64_t, int64_t, __m512*, __m512*) const {}
-  static inline void load(const uint8_t* p, const __m512&, const __m512&, __m512* w) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));  // bf16 -> fp32: the high half of the word
-  }
-};
-
+// Each format: STEP k's per load of BYTES bytes of one panel; GROUPED: sums per group of `group`
+// inputs, scaled by the group's 16 scales when the group ends (int4); otherwise a row scale or
+// none at the store.
 struct Int8 {
-  static constexpr int64_t STEP = 1;
-  static constexpr int64_t BYTES = 16;
+  static constexpr int64_t STEP = 1, BYTES = 16;
+  static constexpr bool GROUPED = false;
   const float* scale;  // (P * 16,) one per output row, applied at the store
-  int64_t group;
-  inline void group_begin(int64_t, int64_t, __m512*, __m512*) const {}
-  static inline void load(const uint8_t* p, const __m512&, const __m512&, __m512* w) {
+  int64_t group, groups;
+  static inline void load(const uint8_t* p, __m512* w) {
     w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
 };
 
 // Byte n of step j of a panel: low nibble = input 2j of output n, high nibble = input 2j + 1,
-// each q + 8 for q in [-8, 7]. Weight = (nibble - 8) * s = nibble * s + (-8 s): one FMA with the
-// group's two vectors (s, -8 s) of the panel's 16 outputs.
+// each q + 8 for q in [-8, 7]. One permute looks the value q up from a 16-float table (it reads
+// only an index's low 4 bits, so the low nibble needs no mask); the group's scales multiply the
+// group's sums once, when the group ends, not every weight.
 struct Int4 {
-  static constexpr int64_t STEP = 2;
-  static constexpr int64_t BYTES = 16;
+  static constexpr int64_t STEP = 2, BYTES = 16;
+  static constexpr bool GROUPED = true;
   const float* scale;  // (P, K / group, 16)
-  int64_t group;       // inputs per scale
-  inline void group_begin(int64_t panel_index, int64_t k, __m512* s, __m512* m8s) const {
-    *s = _mm512_loadu_ps(scale + (panel_index * groups + k / group) * LANES);
-    *m8s = _mm512_mul_ps(*s, _mm512_set1_ps(-8.f));
+  int64_t group, groups;  // inputs per scale; K / group scale rows per panel
+  inline __m512 scales(int64_t panel_index, int64_t k) const {
+    return _mm512_loadu_ps(scale + (panel_index * groups + k / group) * LANES);
   }
-  int64_t groups;  // K / group: scale rows per panel
-  static inline void load(const uint8_t* p, const __m512& s, const __m512& m8s, __m512* w) {
+  static inline void load(const uint8_t* p, __m512* w) {
+    const __m512 values = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    const __m512i low = _mm512_and_si512(bytes, _mm512_set1_epi32(0xF));
-    const __m512i high = _mm512_srli_epi32(bytes, 4);
-    w[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(low), s, m8s);
-    w[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(high), s, m8s);
+    w[0] = _mm512_permutexvar_ps(bytes, values);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), values);
   }
 };
 
-// M rows x NP panels over inputs [k0, k1) (a multiple of the format's k's per line; group aligned).
+// M rows x NP panels over inputs [k0, k1) (whole lines; whole groups for a grouped format).
 template <class F, int M, int NP, bool PF>
 inline void panels(const F& f, const float* x, int64_t ldx, const uint8_t* p, int64_t panel_index, int64_t K,
                    int64_t k0, int64_t k1, float* out, int64_t ldo, int64_t n0, int64_t nvalid_last,
@@ -88,14 +75,15 @@ inline void panels(const F& f, const float* x, int64_t ldx, const uint8_t* p, in
   constexpr int64_t STEPS_PER_LINE = LINE / F::BYTES;
   constexpr int64_t K_PER_LINE = STEPS_PER_LINE * F::STEP;
   const int64_t stream = K / F::STEP * F::BYTES;  // bytes per panel
-  __m512 acc[NP][M];
+  __m512 acc[NP][M], part[NP][M];  // part: the current group's sums (grouped formats)
   for (int j = 0; j < NP; ++j)
     for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
-  __m512 s[NP], m8s[NP];
-  for (int j = 0; j < NP; ++j) s[j] = m8s[j] = _mm512_setzero_ps();
-  const int64_t g = f.group > 0 ? f.group : k1 - k0;  // inputs between scale changes
+  const int64_t g = F::GROUPED ? f.group : k1 - k0;
   for (int64_t kg = k0; kg < k1; kg += g) {
-    for (int j = 0; j < NP; ++j) f.group_begin(panel_index + j, kg, &s[j], &m8s[j]);
+    __m512(&sums)[NP][M] = F::GROUPED ? part : acc;
+    if (F::GROUPED)
+      for (int j = 0; j < NP; ++j)
+        for (int m = 0; m < M; ++m) part[j][m] = _mm512_setzero_ps();
     const int64_t kend = std::min(k1, kg + g);
     for (int64_t k = kg; k < kend; k += K_PER_LINE) {
       const int64_t off = k / F::STEP * F::BYTES;  // this line's offset in each panel stream
@@ -108,20 +96,26 @@ inline void panels(const F& f, const float* x, int64_t ldx, const uint8_t* p, in
       }
       for (int64_t t = 0; t < STEPS_PER_LINE; ++t) {
         __m512 w[NP][F::STEP];
-        for (int j = 0; j < NP; ++j) F::load(p + j * stream + off + t * F::BYTES, s[j], m8s[j], w[j]);
+        for (int j = 0; j < NP; ++j) F::load(p + j * stream + off + t * F::BYTES, w[j]);
         const int64_t kk = k + t * F::STEP;
         for (int64_t i = 0; i < F::STEP; ++i)
           for (int m = 0; m < M; ++m) {
             const __m512 xb = _mm512_set1_ps(x[m * ldx + kk + i]);
-            for (int j = 0; j < NP; ++j) acc[j][m] = _mm512_fmadd_ps(w[j][i], xb, acc[j][m]);
+            for (int j = 0; j < NP; ++j) sums[j][m] = _mm512_fmadd_ps(w[j][i], xb, sums[j][m]);
           }
+      }
+    }
+    if constexpr (F::GROUPED) {
+      for (int j = 0; j < NP; ++j) {
+        const __m512 sc = f.scales(panel_index + j, kg);
+        for (int m = 0; m < M; ++m) acc[j][m] = _mm512_fmadd_ps(part[j][m], sc, acc[j][m]);
       }
     }
   }
   for (int j = 0; j < NP; ++j) {
     const int64_t valid = j == NP - 1 ? nvalid_last : LANES;
     const __mmask16 mask = valid == LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
-    const bool row_scale = std::is_same<F, Int8>::value;
+    constexpr bool row_scale = std::is_same<F, Int8>::value;
     const __m512 sc = row_scale ? _mm512_loadu_ps(f.scale + (panel_index + j) * LANES) : _mm512_set1_ps(1.f);
     for (int m = 0; m < M; ++m) {
       float* dst = out + m * ldo + n0 + j * LANES;
@@ -181,7 +175,7 @@ torch::Tensor product(const F& f, const torch::Tensor& x, const torch::Tensor& w
   // K blocks (rows > 8) hold whole lines and whole groups.
   int64_t kb = K;
   if (R > 8) {
-    const int64_t unit = std::max<int64_t>(f.group > 0 ? f.group : 1, LINE / F::BYTES * F::STEP);
+    const int64_t unit = std::max<int64_t>(F::GROUPED ? f.group : 1, LINE / F::BYTES * F::STEP);
     kb = std::max<int64_t>(unit, BLOCK_BYTES / F::BYTES * F::STEP / unit * unit);
   }
   at::parallel_for(0, (P + 1) / 2, 1, [&](int64_t b, int64_t e) {
@@ -212,14 +206,6 @@ void check_x(const torch::Tensor& x, int64_t K, int64_t multiple, const char* na
 
 }  // namespace
 
-// x (R, K) fp32; panels (P, K, 16) bf16 -> (R, N) fp32.
-torch::Tensor bf16_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t N) {
-  const int64_t K = x.size(1);
-  check_x(x, K, 2, "bf16_mm");
-  TORCH_CHECK(wp.scalar_type() == at::kBFloat16 && wp.is_contiguous(), "bf16_mm: panels must be contiguous bf16");
-  return product(Bf16{nullptr, 0}, x, wp, N, K);
-}
-
 // x (R, K) fp32; panels (P, K, 16) int8; scale (P * 16,) fp32 -> (R, N) fp32.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N) {
   const int64_t K = x.size(1);
@@ -227,7 +213,7 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const tor
   TORCH_CHECK(wp.scalar_type() == at::kChar && wp.is_contiguous(), "int8_mm: panels must be contiguous int8");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == (N + 15) / 16 * 16,
               "int8_mm: scale must be fp32 with one value per padded output row");
-  return product(Int8{scale.data_ptr<float>(), 0}, x, wp, N, K);
+  return product(Int8{scale.data_ptr<float>(), 0, 0}, x, wp, N, K);
 }
 
 // x (R, K) fp32; panels (P, K / 2, 16) uint8 (two inputs per byte); scale (P, K / G, 16) fp32.
@@ -240,18 +226,104 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const tor
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() &&
                   scale.numel() == (N + 15) / 16 * (K / group) * 16,
               "int4_mm: scale must be fp32 (P, K / group, 16)");
-  Int4 f{scale.data_ptr<float>(), group};
-  f.groups = K / group;
-  return product(f, x, wp, N, K);
+  return product(Int4{scale.data_ptr<float>(), group, K / group}, x, wp, N, K);
+}
+
+// bf16 weights in their own (N, K) layout: no packed copy, so a bf16 model keeps one copy of its
+// weights and its Parameters (training, state dict) are untouched. A tile of NB weight rows x MB
+// rows of x accumulates NB x MB 16-lane partial dots over K (each weight vector, widened once,
+// meets MB rows; each x vector meets NB weight rows), summed horizontally once at the end. The
+// weight rows are NB sequential streams; x stays in L1/L2 (rows go 64 at a time).
+namespace {
+
+inline __m512 widen_bf16(const uint16_t* p, __mmask16 mask) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int NB, int MB>
+void dot_tile(const float* x, int64_t K, const uint16_t* w, float* out, int64_t ldo) {
+  __m512 acc[NB][MB];
+  for (int i = 0; i < NB; ++i)
+    for (int m = 0; m < MB; ++m) acc[i][m] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += LANES) {
+    const __mmask16 mask = K - k >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+    __m512 wv[NB];
+    for (int i = 0; i < NB; ++i) {
+      if (k % 32 == 0) prefetch_l2(reinterpret_cast<const uint8_t*>(w + i * K + k) + AHEAD);
+      wv[i] = widen_bf16(w + i * K + k, mask);
+    }
+    for (int m = 0; m < MB; ++m) {
+      const __m512 xv = _mm512_maskz_loadu_ps(mask, x + m * K + k);
+      for (int i = 0; i < NB; ++i) acc[i][m] = _mm512_fmadd_ps(wv[i], xv, acc[i][m]);
+    }
+  }
+  for (int m = 0; m < MB; ++m)
+    for (int i = 0; i < NB; ++i) out[m * ldo + i] = _mm512_reduce_add_ps(acc[i][m]);
+}
+
+// Rows [0, MB) of x against weight rows [n0, n1): tiles of NB, the tail one row at a time.
+template <int NB, int MB>
+void dot_rows(const float* x, int64_t K, const uint16_t* w, int64_t n0, int64_t n1, float* out, int64_t ldo) {
+  int64_t n = n0;
+  for (; n + NB <= n1; n += NB) dot_tile<NB, MB>(x, K, w + n * K, out + n, ldo);
+  for (; n < n1; ++n) dot_tile<1, MB>(x, K, w + n * K, out + n, ldo);
+}
+
+using DotFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
+
+// Tile shapes by rows: ~16-24 accumulators, weight rows per tile falling as rows rise.
+DotFn dot_for(int64_t mb) {
+  switch (mb) {
+    case 1: return dot_rows<8, 1>;
+    case 2: return dot_rows<8, 2>;
+    case 3: return dot_rows<6, 3>;
+    case 4: return dot_rows<4, 4>;
+    default: return dot_rows<3, 8>;
+  }
+}
+
+}  // namespace
+
+// x (R, K) fp32 contiguous, w (N, K) bf16 contiguous -> (R, N) fp32.
+torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, "bf16_linear: x must be (R, K) fp32");
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kBFloat16 && w.size(1) == x.size(1),
+              "bf16_linear: w must be (N, K) contiguous bf16 with x's K");
+  const int64_t R = x.size(0), K = x.size(1), N = w.size(0);
+  auto out = torch::empty({R, N}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  float* o = out.data_ptr<float>();
+  constexpr int64_t ROWS_AT_ONCE = 64;  // x rows kept in cache while the weights stream by
+  constexpr int64_t GRAIN = 24;         // weight rows per task (a multiple of every tile height)
+  for (int64_t r0 = 0; r0 < R; r0 += ROWS_AT_ONCE) {
+    const int64_t r1 = std::min(R, r0 + ROWS_AT_ONCE);
+    at::parallel_for(0, (N + GRAIN - 1) / GRAIN, 1, [&](int64_t b, int64_t e) {
+      const int64_t n0 = b * GRAIN, n1 = std::min(N, e * GRAIN);
+      for (int64_t m = r0; m < r1;) {
+        const int64_t mb = std::min<int64_t>(r1 - m, 8);
+        const int64_t take = mb >= 5 ? 8 : mb;  // 5..7 rows: the 8-row tile over fewer rows would read past x
+        if (take == 8 && mb < 8) {
+          dot_for(4)(xp + m * K, K, wp, n0, n1, o + m * N, N);
+          m += 4;
+          continue;
+        }
+        dot_for(take)(xp + m * K, K, wp, n0, n1, o + m * N, N);
+        m += take;
+      }
+    });
+  }
+  return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
-  m.def("bf16_mm(Tensor x, Tensor panels, int n) -> Tensor");
+  m.def("bf16_linear(Tensor x, Tensor w) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor panels, Tensor scale, int n) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) {
-  m.impl("bf16_mm", &bf16_mm);
+  m.impl("bf16_linear", &bf16_linear);
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
 }
