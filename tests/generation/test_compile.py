@@ -39,3 +39,24 @@ def test_compiled_decode_step_compiles_once_and_matches_eager():
     again = tfm.generate(model, ids.flip(0), attention_mask=mask.flip(0), max_new_tokens=64, compile=True)
     assert counters["stats"]["unique_graphs"] == 0  # a new cache of the same shape: no recompile
     assert torch.equal(again, tfm.generate(model, ids.flip(0), attention_mask=mask.flip(0), max_new_tokens=64))
+
+
+def test_lengths_and_batch_sizes_seen_before_never_recompile():
+    """Issue 25: the cache length goes up in steps (steps.CACHE_STEP, capped at max_seq_len), so
+    another prompt length or max_new_tokens reuses the graph; a batch size seen before reuses its
+    own, also after another batch size (packed weights for batch >= 3 come and go)."""
+    v = next(v for v in variants(("decoder",)) if v["position"] != "none")
+    model = build(v, init_std=0.1, n_layers=1, max_seq_len=96)
+    torch._dynamo.reset()
+
+    def graphs(batch: int, prompt: int, new: int) -> int:
+        counters.clear()
+        ids = torch.randint(1, model.config.vocab_size, (batch, prompt))
+        tfm.generate(model, ids, max_new_tokens=new, compile=True)
+        return counters["stats"]["unique_graphs"]
+
+    assert graphs(1, 5, 8) == 1
+    assert graphs(1, 9, 20) == 0  # another prompt length and max_new_tokens
+    assert graphs(4, 7, 8) == 1  # a new batch size: its own graph (over packed weights)
+    assert graphs(1, 30, 3) == 0  # batch 1 again, after batch 4
+    assert graphs(4, 5, 30) == 0

@@ -58,7 +58,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     use them in autograd)."""
     # A batch's few-row products run over packed weights (nn/packed.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
-        logits, cache, pos, prefix = prefill(model, req)
+        logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
         step = steady(step_function(req.seq2seq, compiled), compiled)
         history = None
         if s.needs_history:

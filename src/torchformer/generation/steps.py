@@ -39,8 +39,23 @@ def seq2seq_step(model, ids: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
     return model.logits(ids, pos, None, cache, cache.cross, cache.src_mask)[:, -1]
 
 
-def prefill(model, req: Request, batch_size: int | None = None) -> Prefilled:
-    """Run the prompt once; the cache holds room for max_new_tokens more positions.
+# A compiled step's graph is specialised to the cache's shape, so the cache length goes up in steps
+# of CACHE_STEP positions (capped at max_seq_len): another prompt length or max_new_tokens in the
+# same step reuses the graph instead of compiling again (~10-70 s). Eager decoding sizes it exactly.
+CACHE_STEP = 256
+
+
+def cache_length(needed: int, max_seq_len: int, bucketed: bool) -> int:
+    """Positions the decoder cache holds: ``needed``, or with ``bucketed`` the next multiple of
+    CACHE_STEP (never beyond max_seq_len, never below ``needed``)."""
+    if not bucketed:
+        return needed
+    return max(needed, min(max_seq_len, -(-needed // CACHE_STEP) * CACHE_STEP))
+
+
+def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool = False) -> Prefilled:
+    """Run the prompt once; the cache holds room for max_new_tokens more positions (more with
+    ``bucketed``, for a compiled step: ``cache_length``).
 
     Left padding: each row's positions count only its real tokens, so a padded row sees exactly
     the positions (and RoPE angles, and cache slots) it would see alone; padding keys go to the
@@ -54,7 +69,9 @@ def prefill(model, req: Request, batch_size: int | None = None) -> Prefilled:
         pos = torch.zeros_like(start)
         return Prefilled(seq2seq_step(model, start, pos, cache), cache, pos + 1, start)
     # The last input token sits at position <= T + max_new - 2: the final new token is never fed.
-    cache = model.new_cache(ids.shape[0], ids.shape[1] + req.max_new_tokens - 1)
+    cache = model.new_cache(
+        ids.shape[0], cache_length(ids.shape[1] + req.max_new_tokens - 1, model.config.max_seq_len, bucketed)
+    )
     if mask is None:
         pos = torch.arange(ids.shape[1], device=ids.device)[None, :].expand(ids.shape[0], -1)  # (B, T)
     else:

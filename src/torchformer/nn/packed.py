@@ -144,7 +144,9 @@ def pack(model: nn.Module) -> list[nn.Module]:
 def unpack(modules: list[nn.Module]) -> None:
     """Drop the packed copies of ``modules`` (from ``pack``) and route them plainly again."""
     for module in modules:
-        module.prepacked = None
+        # Back to the class attribute, not an instance one set to None: a compiled graph traced
+        # before the first pack guards on the module's __dict__ and would fail (recompile).
+        module.__dict__.pop("prepacked", None)
         copy = _COPIES.pop(module.weight.data_ptr(), None)
         if copy is not None and copy.panel:
             kernels().unregister_panels(module.weight)
