@@ -73,3 +73,29 @@ def test_the_build_honours_torch_extensions_dir_runs_one_ninja_and_says_so(tmp_p
     messages = [r.getMessage() for r in caplog.records]
     assert any("building the CPU kernels once" in m for m in messages)
     assert any("could not be built (stop here)" in m for m in messages)
+
+
+def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkeypatch, capsys):
+    from torchformer.cli.main import main
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCHFORMER_NATIVE", "1")
+    monkeypatch.setattr(native.torch.cpu, "_is_avx512_supported", lambda: True)
+    folder = native.build_folder(tmp_path)
+    assert main(["kernels", "status"]) == 0
+    assert f"not built yet (torchformer kernels build): {folder}" in capsys.readouterr().out
+    monkeypatch.setattr(native, "kernels", lambda: None)  # as when the compiler fails
+    assert main(["kernels", "build"]) == 2
+    assert f"could not be built in {folder}" in capsys.readouterr().err
+    monkeypatch.setattr(native, "kernels", lambda: (folder / f"{native.NAME}.so").touch() or object())
+    assert main(["kernels", "build"]) == 0
+    assert "the CPU kernels are ready (built in" in capsys.readouterr().out
+    assert main(["kernels", "status"]) == 0
+    assert f"the CPU kernels are built: {folder}" in capsys.readouterr().out
+    monkeypatch.setenv("TORCHFORMER_NATIVE", "0")
+    assert main(["kernels", "build"]) == 0
+    assert "turned off (TORCHFORMER_NATIVE=0)" in capsys.readouterr().out
+    monkeypatch.setenv("TORCHFORMER_NATIVE", "1")
+    monkeypatch.setattr(native.torch.cpu, "_is_avx512_supported", lambda: False)
+    assert main(["kernels", "build"]) == 0
+    assert "no AVX-512: the library paths run" in capsys.readouterr().out

@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": "torchformer.cli.serve",
     "eval": "torchformer.cli.eval",
     "embed": "torchformer.cli.embed",
+    "kernels": "torchformer.cli.kernels",
 }
 # OSError covers a path that is a folder, unreadable or missing (FileNotFoundError).
 USER_ERRORS = (ValueError, TypeError, OSError, MissingExtra)

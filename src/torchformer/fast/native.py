@@ -44,12 +44,12 @@ FLAGS = [  # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY:
 @functools.cache
 def kernels():
     """The compiled extension module, or None where it cannot run or be built (logged once)."""
-    if not int(os.environ.get("TORCHFORMER_NATIVE", "1")) or not torch.cpu._is_avx512_supported():
+    if not enabled() or not torch.cpu._is_avx512_supported():
         return None
     try:
-        from torch.utils.cpp_extension import get_default_build_root, load
+        from torch.utils.cpp_extension import load
 
-        folder = build_folder(Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()))
+        folder = build_folder(build_root())
         with build_lock(folder), one_ninja():
             if not (folder / f"{NAME}.so").exists():
                 log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
@@ -59,6 +59,18 @@ def kernels():
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the library paths still work
         log.warning("torchformer: the CPU kernels could not be built (%s); using oneDNN and SDPA instead", err)
         return None
+
+
+def enabled() -> bool:
+    """False where TORCHFORMER_NATIVE=0 turns the kernels off."""
+    return os.environ.get("TORCHFORMER_NATIVE", "1").strip() != "0"
+
+
+def build_root() -> Path:
+    """TORCH_EXTENSIONS_DIR if set, else torch's default extensions cache."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
 
 
 def build_folder(root: Path) -> Path:
