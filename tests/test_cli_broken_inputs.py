@@ -186,6 +186,8 @@ CASES = {
     # 11. a run refused on bad input leaves no <out_dir>/data behind
     "11-batch-larger-than-data": (None, [*TRAIN, "train.batch_size=100000"], "batch_size"),
     "11-bad-resume": (None, [*TRAIN, "--resume", "nowhere"], "nowhere"),
+    # issue 25: a context the model was not built for is refused before the weights load
+    "25-max-model-len-over-the-model": (None, ["serve", "good", "--max-model-len", "33"], "--max-model-len 33"),
 }  # fmt: skip
 
 

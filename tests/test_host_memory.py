@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,32 @@ def test_is_idempotent_and_never_raises():
 
     first = keep_freed_memory()
     assert keep_freed_memory() is first
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/meminfo is Linux's")
+def test_available_bytes_is_at_most_the_machines_memory():
+    from torchformer.host_memory import available_bytes
+
+    lines = Path("/proc/meminfo").read_text().splitlines()
+    total = next(int(line.split()[1]) * 1024 for line in lines if line.startswith("MemTotal:"))
+    assert 0 < available_bytes() <= total
+
+
+@pytest.mark.parametrize(
+    ("limit", "usage", "stat", "left"),
+    [
+        ("max", "5000", "inactive_file 0\n", None),  # cgroup v2 without a limit: the machine's memory decides
+        ("10000", "6000", "inactive_file 1000\nactive_file 9\n", 5000),  # page cache counts as free
+        ("10000", "12000", "", 0),
+    ],
+)
+def test_a_cgroup_limit_bounds_what_is_available(tmp_path, monkeypatch, limit, usage, stat, left):
+    from torchformer import host_memory
+
+    files = [tmp_path / name for name in ("memory.max", "memory.current", "memory.stat")]
+    for file, text in zip(files, (limit, usage, stat)):
+        file.write_text(text)
+    monkeypatch.setattr(host_memory, "CGROUP_FILES", (tuple(map(str, files)),))
+    assert host_memory._cgroup_left() == left
+    monkeypatch.setattr(host_memory, "_meminfo_available", lambda: 1 << 40)
+    assert host_memory.available_bytes() == (1 << 40 if left is None else left)

@@ -11,6 +11,9 @@ no mmap for large blocks, no trimming of the heap top, and the heap grown 64 MiB
 The cost: the process keeps its peak memory until it exits. It changes the whole process, so
 only the training entry points call it (``train.keep_host_memory``, default on) and the
 train-step benchmark (for every system alike), never a model's forward.
+
+``available_bytes`` is the other question about host memory: how much this process may still
+take (``torchformer serve`` sizes its KV cache by it).
 """
 
 from __future__ import annotations
@@ -46,3 +49,61 @@ def keep_freed_memory() -> bool:
     _applied = all(mallopt(param, value) == 1 for param, value in
                    ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, NEVER), (M_TOP_PAD, TOP_PAD)))  # fmt: skip
     return _applied
+
+
+# --- how much memory this process may still take -------------------------------------------------
+# /proc/meminfo's MemAvailable is the machine's; a container's cgroup may allow less. cgroup v2 and
+# v1 files, in that order; "max" (v2) or a huge number (v1) means no limit.
+CGROUP_FILES = (
+    ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat"),
+    (
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "/sys/fs/cgroup/memory/memory.stat",
+    ),
+)
+
+
+def available_bytes() -> int | None:
+    """Bytes this process can still allocate without swapping or meeting its container's limit:
+    the smaller of the machine's MemAvailable and what the cgroup limit leaves. None where
+    neither can be read (not Linux): callers then cannot check memory and should say so."""
+    known = [n for n in (_meminfo_available(), _cgroup_left()) if n is not None]
+    return min(known) if known else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_left() -> int | None:
+    for limit_file, usage_file, stat_file in CGROUP_FILES:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:
+            return None
+        # The usage counts the page cache, which the kernel drops before it refuses memory.
+        return max(0, int(limit) - usage + _inactive_file(stat_file))
+    return None
+
+
+def _inactive_file(stat_file: str) -> int:
+    try:
+        with open(stat_file) as f:
+            stats = dict(line.split() for line in f if line.count(" ") == 1)
+    except (OSError, ValueError):
+        return 0
+    value = stats.get("total_inactive_file", stats.get("inactive_file", "0"))
+    return int(value) if value.isdigit() else 0

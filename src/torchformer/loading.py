@@ -1,9 +1,13 @@
 """One entry for "a model the user names": a torchformer checkpoint folder, a Hugging Face model
 folder, or a preset name. The CLI commands (generate, attention, verify, plan, convert) use it.
+
+Models keep the dtype their weights were saved in (a bf16 folder stays bf16) unless the caller
+names another; ``DTYPES`` are the names the CLI's ``--dtype`` takes.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -11,9 +15,22 @@ import torch
 from torch import nn
 
 from . import presets
+from .config import ModelConfig
 from .extras import require
 from .models.build import build_model
-from .models.saving import CONFIG_FILE, TOKENIZER_FILE, load, one_line, read_json
+from .models.saving import (
+    CONFIG_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_FILE,
+    load,
+    load_config,
+    one_line,
+    open_safetensors,
+    read_json,
+)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
 
 
 def model_kind(spec: str | os.PathLike) -> str:
@@ -34,17 +51,96 @@ def model_kind(spec: str | os.PathLike) -> str:
     )
 
 
-def load_any(spec: str | os.PathLike, *, seed: int = 0, device: str = "cpu") -> nn.Module:
-    """The model named by ``spec``; a preset is built with random weights from ``seed``."""
+def load_any(
+    spec: str | os.PathLike, *, seed: int = 0, device: str = "cpu", dtype: torch.dtype | str | None = None
+) -> nn.Module:
+    """The model named by ``spec``; a preset is built with random weights from ``seed``. dtype None
+    keeps the weights' stored dtype (a preset: float32); a dtype (or a name in DTYPES) casts the
+    floating parameters to it (``cast``)."""
+    dtype = as_dtype(dtype, "dtype")
     kind = model_kind(spec)
     if kind == "torchformer":
-        return load(spec, device=device)
-    if kind == "hf":
+        model = load(spec, device=device)
+    elif kind == "hf":
         from .interop import from_hf
 
-        return from_hf(spec).to(device).eval()
-    torch.manual_seed(seed)
-    return build_model(presets.get(str(spec))).to(device).eval()
+        # Converted tensor by tensor as they are read: no full-size copy in the stored dtype.
+        return from_hf(spec, dtype=dtype).to(device).eval()
+    else:
+        torch.manual_seed(seed)
+        model = build_model(presets.get(str(spec))).to(device).eval()
+    return model if dtype is None else cast(model, dtype)
+
+
+def as_dtype(dtype: torch.dtype | str | None, argument: str) -> torch.dtype | None:
+    """A floating torch dtype, or one from a name in DTYPES; None stays None."""
+    if dtype is None or (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"{argument}={dtype!r}: must be one of {list(DTYPES)}, a floating torch.dtype or None (as stored)")
+
+
+def cast(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """``model`` with its floating parameters in ``dtype``, in place (tied weights stay one tensor).
+    Buffers keep their dtype, unlike ``model.to(dtype)``: the position tables (RoPE cos/sin) are
+    computed in float32 and stay so, as a load leaves them, and quantized linears keep their
+    float32 scales; their activations follow the input's dtype."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+    return model
+
+
+def check_dtype_runs(dtype: torch.dtype | None, argument: str, device: str = "cpu") -> None:
+    """ValueError naming ``argument`` when this PyTorch cannot run ``dtype`` on ``device`` (some
+    builds lack half-precision matmul or attention kernels on a CPU), before any weights are read."""
+    if dtype is None:
+        return
+    try:
+        x = torch.ones(1, 2, 4, 8, dtype=dtype, device=device)  # (B, H, T, E)
+        torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
+        torch.nn.functional.linear(x, x[0, 0]).softmax(-1)
+    except RuntimeError as err:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"{argument} {name}: this PyTorch cannot compute in {name} on {device} ({one_line(err)}); "
+            f"use one of {[n for n in DTYPES if n != name]}"
+        ) from None
+
+
+def model_config(spec: str | os.PathLike) -> ModelConfig:
+    """The config of the model ``spec`` names, from its config file alone (no weights read)."""
+    kind = model_kind(spec)
+    if kind == "torchformer":
+        return load_config(spec)
+    if kind == "hf":
+        from .interop import config_from_hf
+
+        return config_from_hf(spec)
+    return presets.get(str(spec))
+
+
+def stored_dtype(spec: str | os.PathLike) -> torch.dtype:
+    """The dtype ``load_any(spec)`` leaves the model in, without reading weights: a checkpoint's
+    largest floating tensor's (from the safetensors header), the dtype a Hugging Face config.json
+    names (transformers writes it; float32 when absent, its default), a preset's float32."""
+    kind = model_kind(spec)
+    if kind == "preset":
+        return torch.get_default_dtype()
+    if kind == "hf":
+        from .interop.hf import read_hf_config
+        from .interop.hf_config import config_dtype
+
+        return config_dtype(read_hf_config(spec)) or torch.float32
+    handle = open_safetensors(Path(spec) / WEIGHTS_FILE)
+    sizes = {}
+    for name in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
+        part = handle.get_slice(name)
+        dtype = SAFETENSORS_DTYPES.get(part.get_dtype())
+        if dtype is not None:
+            sizes[dtype] = max(sizes.get(dtype, 0), math.prod(part.get_shape()))
+    return max(sizes, key=sizes.get) if sizes else torch.float32
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -43,6 +43,22 @@ def test_eval_prints_the_strided_perplexity(checkpoint, tmp_path, capsys):
     assert out["bits_per_byte"] == pytest.approx(expected.nll / 0.6931471805599453 / out["bytes"], rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eval_dtype_scores_the_cast_model(checkpoint, tmp_path, capsys, dtype):
+    """--dtype casts the parameters (the position tables and the summed loss stay float32)."""
+    folder, tok = checkpoint
+    data = tmp_path / "richard.txt"
+    data.write_text(TEXT)
+    name = str(dtype).removeprefix("torch.")
+    argv = ["eval", str(folder), "--data", str(data), "--seq-len", "32", "--stride", "16", "--no-progress"]
+    assert main([*argv, "--dtype", name]) == 0
+    out = json.loads(capsys.readouterr().out.strip())
+    model = tfm.load_any(folder, dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+    expected = strided_nll(model, torch.as_tensor(tok.encode(TEXT)), seq_len=32, stride=16)
+    assert out["loss"] == pytest.approx(expected.loss, rel=1e-6)
+
+
 @pytest.mark.parametrize(
     "content, match",
     [

@@ -77,6 +77,30 @@ def test_serve_a_checkpoint_folder(model_dir):
     # SIGTERM is a graceful stop: uvicorn shuts down and the process exits 0 (serve/lifecycle.py),
     # not -SIGTERM, nor -SIGKILL from stop()'s fallback.
     assert proc.returncode == 0 and "Finished server process" in "".join(lines), "".join(lines)
+    said = [line for line in lines if "max-model-len" in line and "INFO torchformer.serve:" in line]
+    assert len(said) == 1 and "max-model-len 96: the model's max_seq_len (cache 2 slots x 96" in said[0], said
+
+
+def test_max_model_len_and_dtype_are_said_at_start_up_and_enforced(model_dir):
+    """--max-model-len caps prompt + max_tokens (the 400 over-long requests always got), /v1/models
+    says it (vLLM's max_model_len), and --dtype bfloat16 sizes the cache in bf16."""
+    proc, lines = start([str(model_dir), "--slots", "2", "--served-model-name", "mine", "--max-model-len", "64",
+                         "--dtype", "bfloat16"])  # fmt: skip
+    try:
+        url = ready(proc, lines)
+        said = [line for line in lines if "max-model-len 64: from --max-model-len" in line]
+        assert said and "cache 2 slots x 64 positions" in said[0] and "bfloat16" in said[0], "".join(lines)
+        assert "the model allows 96" in said[0]
+        (card,) = httpx.get(f"{url}/v1/models").json()["data"]
+        assert card["id"] == "mine" and card["max_model_len"] == 64
+        over = httpx.post(f"{url}/v1/completions", json={"model": "mine", "prompt": [1] * 60, "max_tokens": 5})
+        error = over.json()["error"]
+        assert over.status_code == 400 and error["code"] == "context_length_exceeded", over.text
+        assert "maximum context length is 64 tokens" in error["message"] and "65 tokens" in error["message"]
+        out = client(url).completions.create(model="mine", prompt="the quick", max_tokens=3)
+        assert out.usage.completion_tokens == 3
+    finally:
+        stop(proc)
 
 
 def test_serve_a_preset_says_token_ids_only():

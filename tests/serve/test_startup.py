@@ -46,6 +46,9 @@ def serve(args: list[str], env: dict | None = None, timeout: float = 90) -> subp
         (["--shutdown-timeout", "-2"], ["--shutdown-timeout", "-2"]),
         (["--api-key", ""], ["--api-key", "empty"]),
         (["--api-key", "two words"], ["--api-key", "space"]),
+        (["--max-model-len", "0"], ["--max-model-len", "'0'", ">= 1"]),
+        (["--max-model-len", "513"], ["--max-model-len 513", "[1, 512]", "max_seq_len"]),  # llama-tiny: 512
+        (["--dtype", "bf16"], ["--dtype", "'bf16'", "bfloat16", "float32"]),
     ],
 )
 def test_bad_arguments_are_one_line_errors(args, named):

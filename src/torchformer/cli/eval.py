@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..loading import TOKENIZER_FILE, load_any, load_tokenizer
+from ..loading import TOKENIZER_FILE, cast, load_any, load_tokenizer
+from .options import add_dtype, dtype_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--adapter", default=None, help="a PEFT LoRA adapter folder to apply first (tfm.lora.load)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_dtype(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,9 +31,11 @@ def run(args: argparse.Namespace) -> int:
     Causal LMs: every token after the first is scored once, with windows of --seq-len tokens of
     context moved by --stride (stride = seq-len: back-to-back windows; smaller: more context per
     token, more work); prints loss, perplexity, bits_per_byte. Encoder-decoders: teacher-forced
-    token accuracy and exact match (== greedy decoding reproducing the target) over the pairs."""
+    token accuracy and exact match (== greedy decoding reproducing the target) over the pairs.
+    --dtype scores the model cast to that dtype (the loss is summed in float32 either way)."""
     from ..training.data import read_utf8
 
+    dtype = dtype_of(args)
     data = Path(args.data)
     if not data.is_file():
         raise FileNotFoundError(f"--data {args.data!r}: no such file")
@@ -40,11 +44,12 @@ def run(args: argparse.Namespace) -> int:
     if not (Path(args.model) / TOKENIZER_FILE).is_file():
         raise ValueError(f"{args.model}: no {TOKENIZER_FILE} beside the model; eval needs it to read --data")
     text = read_utf8(data)  # a file that is not UTF-8 is named with the byte offset, before the model loads
-    model, tok = load_any(args.model), load_tokenizer(args.model)
+    model, tok = load_any(args.model, dtype=dtype), load_tokenizer(args.model)
     if args.adapter is not None:
         from ..lora import load as load_adapter
 
         load_adapter(model, args.adapter)
+        cast(model, next(model.parameters()).dtype)  # the adapter's new weights in the model's dtype
     model.eval()
     if model.config.arch == "encoder_decoder":
         result = _seq2seq(model, tok, data, args.batch_size)

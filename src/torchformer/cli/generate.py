@@ -12,6 +12,7 @@ import torch
 from ..generation.generate import stream
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer
 from ..models.quantize import quantize
+from .options import add_dtype, dtype_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", action="store_true", help="print prefill time, tokens/s (and acceptance) at the end")
     p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantize before generating")
     p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
+    add_dtype(p)
     guess = p.add_mutually_exclusive_group()
     guess.add_argument("--draft", metavar="MODEL", help="speculative decoding with this draft (folder or preset)")
     guess.add_argument("--prompt-lookup", type=int, metavar="K", help="speculative: K tokens by prompt lookup")
@@ -81,15 +83,17 @@ class Printer:
 def run(args: argparse.Namespace) -> int:
     """Generate from CHECKPOINT given --prompt TEXT (tokenized with the checkpoint's tokenizer.json)
     or --ids 1,2,3. Greedy by default; --temperature/--top-k/--top-p/--min-p sample. For an
-    encoder-decoder the prompt is the source and the output is the decoded target."""
-    tokenizer = tokenizer_for(args.checkpoint, needed=args.prompt is not None)
-    prompt = tokenizer.encode(args.prompt).ids if args.prompt is not None else parse_ids(args.ids)
-    model = load_any(args.checkpoint).eval()
+    encoder-decoder the prompt is the source and the output is the decoded target. --dtype
+    bfloat16|float16|float32 casts the model (and a --draft) before --quantize."""
+    dtype = dtype_of(args)
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
+    tokenizer = tokenizer_for(args.checkpoint, needed=args.prompt is not None)
+    prompt = tokenizer.encode(args.prompt).ids if args.prompt is not None else parse_ids(args.ids)
+    model = load_any(args.checkpoint, dtype=dtype).eval()
     if args.quantize is not None:
         model = quantize(model, args.quantize, group_size=args.group_size)
-    draft = None if args.draft is None else load_any(args.draft).eval()
+    draft = None if args.draft is None else load_any(args.draft, dtype=dtype).eval()
     eos = model.config.eos_token_id if args.eos_id is None else args.eos_id
     seq2seq = hasattr(model, "encode")
     t0 = time.perf_counter()

@@ -9,8 +9,13 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
 from ..extras import MissingExtra
-from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_kind
+from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind, stored_dtype
+from ..models.saving import one_line
+from ..serve.model_len import ModelLen, choose, free_memory
+from .options import add_dtype, dtype_of
 
 log = logging.getLogger("torchformer.serve")
 
@@ -82,7 +87,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma-separated web origins (scheme://host:port) whose pages may call the server (CORS); "
         "'*': any. Default: none (requests with an Origin header answer 403)",
     )
+    p.add_argument(
+        "--max-model-len",
+        type=integer(1),
+        default=None,
+        help="positions a request may use (prompt + max_tokens); sizes the KV cache (slots x this). Default: the "
+        "largest whose cache fits in half the memory left after the weights, at most the model's max_seq_len",
+    )
     p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantization (tfm.quantize)")
+    add_dtype(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the batched decode step")
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -100,11 +113,12 @@ def server_modules():
     return create_app, load_chat_template, Engine, Texts, serve
 
 
-def loader(spec: str, quantize: str | None, seed: int):
-    """What the engine thread calls to get the model (it loads there: /health is 503 meanwhile)."""
+def loader(spec: str, quantize: str | None, seed: int, dtype: torch.dtype | None = None):
+    """What the engine thread calls to get the model (it loads there: /health is 503 meanwhile).
+    The cast comes first, so quantized linears run with activations in ``dtype``."""
 
     def load():
-        model = load_any(spec, seed=seed).eval()
+        model = load_any(spec, seed=seed, dtype=dtype).eval()
         if quantize is None:
             return model
         from ..models.quantize import quantize as quantize_model
@@ -112,6 +126,23 @@ def loader(spec: str, quantize: str | None, seed: int):
         return quantize_model(model, quantize)
 
     return load
+
+
+def max_model_len(args: argparse.Namespace, dtype: torch.dtype | None) -> ModelLen:
+    """--max-model-len checked, or the default chosen (serve/model_len.py), from the config and the
+    weights' headers alone, so a length that cannot fit fails before minutes of loading. Memory
+    must also hold the weights still to load and the engine's packed copy of them (estimated at
+    their size in ``dtype``; quantized ones take less)."""
+    from ..analysis.accounting import count_params, dtype_bytes
+
+    try:
+        cfg, dtype = model_config(args.model), dtype or stored_dtype(args.model)
+    except (ValueError, OSError) as err:  # what the engine would have said, sooner
+        raise ValueError(f"{args.model}: the model did not load: {one_line(err)}") from None
+    if cfg.arch != "decoder":
+        raise ValueError(f"{args.model}: the model did not load: serve needs a decoder-only model, not {cfg.arch!r}")
+    weights = count_params(cfg) * dtype_bytes(dtype)
+    return choose(cfg, args.slots, dtype, requested=args.max_model_len, free=free_memory(2 * weights))
 
 
 def allowed_hosts(host: str, given: str | None) -> list[str] | None:
@@ -145,10 +176,14 @@ def run(args: argparse.Namespace) -> int:
     GET /v1/models, GET /health, GET /metrics. Requests are batched continuously over --slots rows
     of one static KV cache. A folder's tokenizer.json gives text in and out, its chat template
     (chat_template.jinja or tokenizer_config.json) enables chat; without a tokenizer the server
-    takes and returns token ids only. Binds 127.0.0.1 unless --host says otherwise."""
+    takes and returns token ids only. Binds 127.0.0.1 unless --host says otherwise.
+    --max-model-len caps prompt + max_tokens (default: what fits in memory, said at start-up);
+    --dtype bfloat16|float16|float32 casts the model (default: the checkpoint's own)."""
     create_app, load_chat_template, Engine, Texts, serve = server_modules()
+    dtype = dtype_of(args)
     key = api_key(args.api_key)
     kind = model_kind(args.model)  # a bad MODEL fails here, before the server starts
+    length = max_model_len(args, dtype)  # and a context that cannot be served
     folder = Path(args.model) if kind != "preset" else None
     tokenizer = load_tokenizer(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -157,13 +192,15 @@ def run(args: argparse.Namespace) -> int:
     chat = load_chat_template(folder)
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions answers 400", args.model)
+    log.info("%s", length.line)
     engine = Engine(
-        loader(args.model, args.quantize, args.seed),
+        loader(args.model, args.quantize, args.seed, dtype),
         lambda vocab_size: Texts(tokenizer, vocab_size),
         slots=args.slots,
         max_queue=args.max_queue,
         request_timeout=args.request_timeout,
         compile=args.compile,
+        max_model_len=length.value,
     )
     name = args.served_model_name or (folder.resolve().name if folder is not None else args.model)
     app = create_app(

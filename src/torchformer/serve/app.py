@@ -195,6 +195,8 @@ class Server:
 
     async def models(self, request: Request):
         card = {"id": self.model_name, "object": "model", "created": self.started, "owned_by": "torchformer"}
+        if self.engine.context:  # vLLM's field: prompt + max_tokens may not exceed it (known once chosen)
+            card["max_model_len"] = self.engine.context
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, request: Request):

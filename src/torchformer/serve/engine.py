@@ -23,13 +23,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..fast.scope import packed
 from ..generation.steps import steady
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache
-from ..fast.scope import packed
 from .admission import Admission
 from .jobs import Event, Job
 from .metrics import Metrics
+from .model_len import for_loaded
 from .protocol import APIError, Params, new_tokens, shutting_down
 from .rows import decode_rows, prefill_batches, prefill_rows, rows_view, span
 from .text import Texts
@@ -48,8 +49,11 @@ class Engine:
         request_timeout: float = 600.0,
         compile: bool = False,
         stall_timeout: float = 120.0,
+        max_model_len: int | None = None,
     ) -> None:
-        for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0)):
+        for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0), ("max_model_len", max_model_len, 1)):
+            if value is None and name == "max_model_len":  # None: what fits
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name}={value!r}: must be an integer >= {lo}")
         if not request_timeout > 0:
@@ -67,7 +71,9 @@ class Engine:
         self.stopping = False
         self.closing_at: float | None = None  # shutting down: running requests end at this time
         self.texts: Texts | None = None
-        self.context = 0  # prompt + new tokens a request may use (the model's max_seq_len)
+        # Prompt + new tokens a request may use, the cache's length: None = what fits (model_len.py).
+        self.max_model_len = max_model_len
+        self.context = max_model_len or 0  # the length in use once the model has loaded
         # OpenMP's thread count is per calling thread: the engine thread uses its creator's setting.
         self.threads = torch.get_num_threads()
         self.thread = threading.Thread(target=self.run, name="torchformer-engine", daemon=True)
@@ -143,17 +149,19 @@ class Engine:
                 if not isinstance(self.model, DecoderLM):
                     raise ValueError(f"serve needs a decoder-only model, got {type(self.model).__name__}")
                 cfg = self.model.config
-                self.context, self.device = cfg.max_seq_len, self.model.embed.tok.weight.device  # the head may be int8
+                self.device = self.model.embed.tok.weight.device  # the head may be int8
+                # Before the cache: a length whose cache cannot fit fails here, not in the allocator.
+                self.context = for_loaded(self.model, self.slots, self.max_model_len).value
                 self.eos = frozenset([] if cfg.eos_token_id is None else [cfg.eos_token_id])
                 self.texts = self.make_texts(cfg.vocab_size)
-                self.cache = self.model.new_cache(batch_size=self.slots, max_len=cfg.max_seq_len)
+                self.cache = self.model.new_cache(batch_size=self.slots, max_len=self.context)
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = decode_rows
                 if self.compile:  # one shape for the engine's life: later calls skip the full guards
                     self.step_fn = steady(torch.compile(decode_rows, dynamic=False, fullgraph=True), True)
                 with packed(self.model, self.slots):
                     self.beat, self.ready = time.monotonic(), True
-                    log.info("engine ready: %d slots, context %d", self.slots, self.context)
+                    log.info("engine ready: %d slots, max-model-len %d", self.slots, self.context)
                     self.loop()
         except BaseException as err:  # noqa: BLE001 - any death is reported by /health and to the requests
             self.error = err
