@@ -141,6 +141,11 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
     assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 20)
     expected = x.double() @ source.weight.double().T + source.bias.double()
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-2)  # one bf16 rounding of the result
+    long = torch.randn(2, formats.WIDEN_ROWS, 48).bfloat16()  # a prefill: widened slices and MKL
+    with torch.no_grad():
+        got = twin(long)
+    expected = long.double() @ source.weight.double().T + source.bias.double()
+    torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=2e-2)
     twin(x).float().sum().backward()  # autograd: Linear's own product and gradients
     assert twin.weight.grad is not None and twin.weight.grad.dtype == torch.bfloat16
 
