@@ -8,6 +8,7 @@ import sys
 
 BENCHMARKS = [
     "benchmarks.decode",
+    "benchmarks.formats",
     "benchmarks.train_step",
     "benchmarks.serve",
     "benchmarks.attention",
