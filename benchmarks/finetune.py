@@ -178,14 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     text = table(measure(args))
     print(text)
     if args.write:
-        from benchmarks.results import write_section
+        from benchmarks.results import load_note, write_section
 
         command = ("python -m benchmarks.finetune " + " ".join(argv or [])).strip()
         write_section(
             "finetune",
             "Fine-tuning: LoRA vs full (issue 16)",
             command,
-            "load average before the run " + ", ".join(f"{x:.1f}" for x in load),
+            load_note(load),
             text,
         )
     return 0

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.results import write_section
+from benchmarks.results import load_note, write_section
 from torchformer.fast import formats
 from torchformer.nn.linear import Linear
 from torchformer.nn.quant import Int4Linear, Int8Linear
@@ -118,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write:
         command = ("python -m benchmarks.formats " + " ".join(argv or [])).strip()
-        setting = f"best of {args.rounds} interleaved rounds; load average before the run " + ", ".join(
-            f"{x:.1f}" for x in load
-        )
+        setting = f"best of {args.rounds} interleaved rounds; {load_note(load)}"
         write_section("formats", "Weight formats at the Llama-3.2-1B shape (issue 25)", command, setting, text)
     return 0
 

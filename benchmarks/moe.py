@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import torchformer as tfm
-from benchmarks.results import write_section
+from benchmarks.results import load_note, write_section
 
 V, D, L, H, T, B = 8192, 384, 4, 6, 256, 8
 E, K, FE = 8, 2, 512
@@ -105,9 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.write and not args.quick:
         command = ("python -m benchmarks.moe " + " ".join(argv or [])).strip()
-        setting = f"L{L} d{D} H{H} V{V} T{T} B{B}, {E} experts top-{K}; load average before the run " + ", ".join(
-            f"{x:.1f}" for x in load
-        )
+        setting = f"L{L} d{D} H{H} V{V} T{T} B{B}, {E} experts top-{K}; {load_note(load)}"
         write_section("moe", "Mixture of experts training step (issue 17)", command, setting, text)
     return 0
 

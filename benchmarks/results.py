@@ -26,3 +26,8 @@ def write_section(key: str, title: str, command: str, setting: str, text: str) -
     else:
         new = old.rstrip("\n") + "\n\n" + body + "\n"
     RESULTS.write_text(new)
+
+
+def load_note(load: tuple[float, float, float]) -> str:
+    """'load average before the run a, b, c': how busy the machine was (a busy one skews every number)."""
+    return "load average before the run " + ", ".join(f"{x:.1f}" for x in load)

@@ -1,4 +1,4 @@
-// torchformer's CPU kernels (loaded by nn/native.py).
+// torchformer's CPU kernels (loaded by fast/native.py).
 //
 // 1. Few-row products y = x W^T over a weight packed in panels of 16 output rows (nn/packed.py).
 //
