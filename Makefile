@@ -10,7 +10,7 @@ EXTRAS ?= dev,bench
 # run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).
 TEST_WORKERS ?= 2
 
-.PHONY: install test demo lint bench clean browser docs
+.PHONY: install test demo lint bench bench-engines clean browser docs
 
 install: $(STAMP)
 
@@ -42,6 +42,15 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
+
+# torchformer against llama.cpp and CTranslate2 (benchmarks/engines.py, issue 25). The `engines` extra
+# builds llama-cpp-python from its sdist (no CPU wheel; ~5 min on 2 cores), once: skipped when importable.
+ENGINES_CMAKE_ARGS := -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+bench-engines: $(STAMP)
+	$(BIN)/python -c "import llama_cpp, ctranslate2, sentencepiece" 2>/dev/null || \
+	  CMAKE_ARGS="$(ENGINES_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  nice -n 19 $(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS),engines]"
+	$(BIN)/python -m benchmarks.engines $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

@@ -1,0 +1,67 @@
+"""benchmarks/engines.py's pure helpers: the same prompts everywhere, the padded tokenizer, the
+table's arithmetic, and a clean exit when llama.cpp is not installed (`make bench` skips it)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import engines
+
+
+def test_prompts_are_the_same_in_every_process_and_skip_special_ids():
+    a = engines.prompt_ids(8, 64, 1000)
+    assert a == engines.prompt_ids(8, 64, 1000)
+    assert len(a) == 8 and {len(r) for r in a} == {64}
+    assert min(min(r) for r in a) >= 4 and max(max(r) for r in a) < 1000
+    assert a[0] != a[1]  # rows differ
+    assert engines.prompt_ids(1, 64, 1000) != a[:1]  # and so do batch sizes
+
+
+def test_agreement_counts_the_shared_prefix():
+    assert engines.agreement([1, 2, 3], [1, 2, 4]) == 2
+    assert engines.agreement([1, 2], [1, 2, 3]) == 2
+    assert engines.agreement([5], [1]) == 0
+
+
+def test_best_and_ratio():
+    samples = [{"t": 3.0}, {"t": 5.0}, {"t": None}]
+    assert engines.best(samples, "t", higher=True) == 5.0
+    assert engines.best(samples, "t", higher=False) == 3.0
+    assert engines.best([], "t", higher=True) is None
+    assert engines.ratio(8.0, 10.0) == "0.80x"
+    assert engines.ratio(None, 10.0) == "-"
+
+
+def test_padded_tokenizer_has_every_id_and_still_round_trips():
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    text = "def f(x):\n    return x + 1\n" * 50
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet, show_progress=False)
+    tok.train_from_iterator([text], trainer)
+    raw = json.loads(tok.to_str())
+    engines.pad_merges(raw["model"]["vocab"], raw["model"]["merges"], sorted(alphabet), 1000)
+    padded = tokenizers.Tokenizer.from_str(json.dumps(raw))
+    assert padded.get_vocab_size() == 1000
+    assert sorted(padded.get_vocab().values()) == list(range(1000))  # ids are dense: any id the model emits is text
+    assert all(padded.decode([i]) for i in range(1000))
+    assert padded.decode(padded.encode(text).ids) == text
+
+
+def test_without_llama_cpp_it_says_how_to_install_and_exits_0(monkeypatch, capsys):
+    monkeypatch.setattr(engines.importlib.util, "find_spec", lambda name: None)
+    assert engines.main(["--shapes", "toy", "--no-write"]) == 0
+    assert "make bench-engines" in capsys.readouterr().out
+
+
+def test_flags_are_checked():
+    with pytest.raises(SystemExit):
+        engines.parse(["--formats", "fp8"])
+    args = engines.parse(["--shapes", "toy", "--formats", "int8,int4", "--rounds", "1"])
+    assert args.shapes == ["toy"] and args.formats == ["int8", "int4"] and args.rounds == 1
