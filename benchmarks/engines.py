@@ -756,24 +756,12 @@ async def one_completion(client, model: str, prompt: str, max_tokens: int, extra
 
 
 async def drive(url: str, model: str, prompts: list[str], concurrency: int, n: int, args, extra: dict) -> dict:
-    from openai import AsyncOpenAI
+    from benchmarks.serve import fire
 
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=900)
-    queue, results, failures = list(range(n)), [], []
+    def request(client, i: int):
+        return one_completion(client, model, prompts[i % len(prompts)], args.serve_tokens, extra)
 
-    async def worker():
-        while queue:
-            i = queue.pop()
-            try:
-                results.append(await one_completion(client, model, prompts[i % len(prompts)], args.serve_tokens, extra))
-            except Exception as err:  # noqa: BLE001 - counted and reported
-                failures.append(repr(err))
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    wall = time.perf_counter() - t0
-    await client.close()
-    return {"wall": wall, "results": results, "failures": failures}
+    return await fire(url, concurrency, n, request, timeout=900)
 
 
 def vm_hwm_mb(pid: int) -> float | None:

@@ -155,10 +155,12 @@ async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
     }
 
 
-async def load(url: str, model: str, prompts: list[str], concurrency: int, n: int, max_tokens: int) -> dict:
+async def fire(url: str, concurrency: int, n: int, request, timeout: float = 600) -> dict:
+    """``n`` requests (``await request(client, i)`` for i < n) from ``concurrency`` clients at
+    once against the OpenAI server at ``url``; failures are counted, not retried."""
     from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=600)
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout)
     queue = list(range(n))
     results, failures = [], []
 
@@ -166,7 +168,7 @@ async def load(url: str, model: str, prompts: list[str], concurrency: int, n: in
         while queue:
             i = queue.pop()
             try:
-                results.append(await one(client, model, prompts[i % len(prompts)], max_tokens))
+                results.append(await request(client, i))
             except Exception as err:  # noqa: BLE001 - counted and reported
                 failures.append(repr(err))
 
@@ -175,6 +177,10 @@ async def load(url: str, model: str, prompts: list[str], concurrency: int, n: in
     wall = time.perf_counter() - t0
     await client.close()
     return {"wall": wall, "results": results, "failures": failures}
+
+
+async def load(url: str, model: str, prompts: list[str], concurrency: int, n: int, max_tokens: int) -> dict:
+    return await fire(url, concurrency, n, lambda client, i: one(client, model, prompts[i % len(prompts)], max_tokens))
 
 
 def summary(run: dict) -> dict:
