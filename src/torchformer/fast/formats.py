@@ -7,8 +7,8 @@ A decode step reads every weight once, so a quantized model is only as fast as i
 the integer bytes. torch's int8 / int4 weight-only CPU kernels read them at 3.6 / 5.4 GB/s for one
 row here (and only with bf16 activations); the kernels of csrc/formats.cpp read the same bytes
 from 16-row panels, widening each weight to fp32 in registers as it is read (int8: one scale per
-output row at the end; int4: the nibble and its group's scale in one FMA), so one row streams the
-weights near the memory bound and a prefill never writes an fp32 copy of a matrix.
+output row at the end; int4: each nibble looked up in a 16-value table, the group's scales applied
+once to the group's sums), so no prefill ever writes an fp32 copy of a matrix.
 
 The layout belongs to the CPU that runs it, so it is made at run time and never saved:
 ``prepare(model)`` swaps each ``Int8Linear`` / ``Int4Linear`` for its panel twin (one copy of the
@@ -32,10 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from ..nn.linear import Linear
+from ..nn.packed import panels
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from .native import kernels
-
-LANES = 16  # outputs per panel: one AVX-512 register of fp32
 
 
 @functools.cache
@@ -50,17 +49,8 @@ def ops_ready() -> bool:
     return True
 
 
-def to_panels(rows: Tensor) -> Tensor:
-    """rows (N, K', ...) -> (P, K', 16, ...): output rows 16p..16p+15 side by side per input index,
-    zero-padded past N."""
-    N = rows.shape[0]
-    padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
-    padded[:N] = rows
-    return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
-
-
 def from_panels(panels: Tensor, n: int) -> Tensor:
-    """The inverse of ``to_panels``: (P, K', 16, ...) -> (N, K', ...)."""
+    """The inverse of ``panels``: (P, K', 16, ...) -> (N, K', ...)."""
     return panels.transpose(1, 2).reshape(-1, *panels.shape[1:2], *panels.shape[3:])[:n]
 
 
@@ -77,6 +67,15 @@ class PanelLinear(QuantLinear):
                 f"{type(self).__name__}: the CPU kernels are not built here; keep {type(source).__name__}"
             )
         self.fill(source)
+
+    @classmethod
+    def of(cls, source: QuantLinear) -> PanelLinear:
+        return cls(source)
+
+    @classmethod
+    def scheme_type(cls) -> type[QuantLinear]:
+        """The portable class a twin also subclasses (Int8Linear for Int8Panels, ...)."""
+        return next(c for c in cls.__mro__ if issubclass(c, QuantLinear) and not issubclass(c, PanelLinear))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.training or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):
@@ -113,13 +112,9 @@ class Int8Panels(PanelLinear, Int8Linear):
 
     def fill(self, source: Int8Linear) -> None:
         self.out_features, self.in_features = source.out_features, source.in_features
-        self.register_buffer("panels", to_panels(source.qweight), persistent=False)
-        self.register_buffer("scale", to_panels(source.scale[:, None]).reshape(-1), persistent=False)
+        self.register_buffer("panels", panels(source.qweight), persistent=False)
+        self.register_buffer("scale", panels(source.scale[:, None]).reshape(-1), persistent=False)
         self._init_bias(source.bias)
-
-    @classmethod
-    def scheme_type(cls) -> type[QuantLinear]:
-        return Int8Linear
 
     def product(self, x2: Tensor) -> Tensor:
         return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features)
@@ -140,13 +135,9 @@ class Int4Panels(PanelLinear, Int4Linear):
             source.group_size,
         )
         u = (source.unpacked() + 8).to(torch.uint8).view(self.out_features, -1, 2)  # (N, K/2, 2) in [1, 15]
-        self.register_buffer("panels", to_panels(u[..., 0] | (u[..., 1] << 4)), persistent=False)  # (P, K/2, 16)
-        self.register_buffer("scale", to_panels(source.scale), persistent=False)  # (P, K/G, 16)
+        self.register_buffer("panels", panels(u[..., 0] | (u[..., 1] << 4)), persistent=False)  # (P, K/2, 16)
+        self.register_buffer("scale", panels(source.scale), persistent=False)  # (P, K/G, 16)
         self._init_bias(source.bias)
-
-    @classmethod
-    def scheme_type(cls) -> type[QuantLinear]:
-        return Int4Linear
 
     def product(self, x2: Tensor) -> Tensor:
         return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, self.out_features, self.group_size)
@@ -229,5 +220,5 @@ def prepare(model: nn.Module) -> int:
     for name, twin in swaps:
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, twin.of(getattr(owner, leaf)) if twin is Bf16Linear else twin(getattr(owner, leaf)))
+        setattr(owner, leaf, twin.of(getattr(owner, leaf)))
     return len(swaps)

@@ -45,12 +45,14 @@ MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
 LANES = 16  # outputs per panel: one AVX-512 register of fp32
 
 
-def panels(weight: Tensor) -> Tensor:
-    """weight (N, K) -> (ceil(N / 16), K, 16): rows 16p..16p+15 of panel p, zero-padded past N."""
-    N, K = weight.shape
-    padded = weight.new_zeros(-(-N // LANES) * LANES, K)
-    padded[:N] = weight
-    return padded.view(-1, LANES, K).transpose(1, 2).contiguous()
+def panels(rows: Tensor) -> Tensor:
+    """rows (N, K, ...) -> (ceil(N / 16), K, 16, ...): rows 16p..16p+15 side by side per input
+    index in panel p, zero-padded past N (fp32 weights here; the int8 / int4 bytes and their
+    scales in fast/formats.py)."""
+    N = rows.shape[0]
+    padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
+    padded[:N] = rows
+    return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
 
 
 @dataclass
