@@ -4,7 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev,bench
+EXTRAS ?= dev,bench,gguf
 # The suite on both cores: two pytest-xdist workers, each test at TORCHFORMER_TEST_THREADS torch
 # threads (default 1, tests/conftest.py); tests sharing one slow setup (the front door's trained
 # run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).

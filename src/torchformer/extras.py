@@ -16,6 +16,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "tqdm": ("train", "the training progress bar"),
     "tokenizers": ("train", "tokenizers (training data, a checkpoint's tokenizer.json)"),
     "matplotlib": ("viz", "figures (loss curves, attention maps)"),
+    "gguf": ("gguf", "reading and writing GGUF files (llama.cpp, Ollama)"),
 }
 
 
