@@ -1,0 +1,115 @@
+"""GGUF architectures as data: which Hugging Face family reads each, and how llama.cpp's
+converter changed the tensors on the way in (so loading undoes exactly that).
+
+``hf_config`` turns the ``{arch}.*`` metadata into the config.json dict the family's own
+``config_from_hf`` reads, so GGUF adds no second config reader; tensor names go through gguf's
+``TensorNameMap`` (the table llama.cpp's converter writes with) and the family's key map.
+
+What the converter changes (llama.cpp convert_hf_to_gguf.py):
+- ``llama``: q and k rows permuted from HF's half-split RoPE layout to Meta's interleaved one (its
+  rope kernel for llama pairs 2i with 2i+1). We undo it (interleaved_to_half), so a loaded model has
+  one layout whatever file it came from; Qwen, Gemma and Phi-3 files are not permuted (llama.cpp
+  runs them with NeoX-style rope).
+- ``gemma*``: RMSNorm weights stored as 1 + w (llama.cpp's norm has no offset); we subtract 1.
+- Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
+  as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..transforms import interleaved_to_half
+from .container import GGUFFile
+
+
+@dataclass(frozen=True)
+class Arch:
+    model_type: str  # the interop family (interop/hf.py FAMILIES) that reads it
+    permuted_qk: bool = False  # llama.cpp permuted q/k rows to the interleaved RoPE layout
+    norm_plus_one: bool = False  # norms stored as 1 + w (Gemma)
+    hf: dict = field(default_factory=dict)  # config.json values the family needs and GGUF does not say
+
+
+ARCHS: dict[str, Arch] = {
+    "llama": Arch("llama", permuted_qk=True),
+    "qwen2": Arch("qwen2"),
+    "qwen3": Arch("qwen3"),
+}
+SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)
+AUX_TENSORS = ("rope_freqs.weight",)  # read into the config, not weights
+
+
+def arch_of(f: GGUFFile) -> tuple[str, Arch]:
+    name = f.require("general.architecture")
+    if name not in ARCHS:
+        raise ValueError(f"{f.path}: general.architecture={name!r} is not supported; supported: {list(ARCHS)}")
+    return name, ARCHS[name]
+
+
+def hf_config(f: GGUFFile) -> dict:
+    """The config.json a Hugging Face folder of this model would have (the fields families read)."""
+    name, arch = arch_of(f)
+    key = lambda k, default=None: f.get(f"{name}.{k}", default)  # noqa: E731
+    n_heads = f.require(f"{name}.attention.head_count")
+    d = f.require(f"{name}.embedding_length")
+    vocab = key("vocab_size") or len(f.get("tokenizer.ggml.tokens") or []) or f.torch_shape("token_embd.weight")[0]
+    hf = {
+        "model_type": arch.model_type,
+        "vocab_size": vocab,
+        "hidden_size": d,
+        "intermediate_size": f.require(f"{name}.feed_forward_length"),
+        "num_hidden_layers": f.require(f"{name}.block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": key("attention.head_count_kv", n_heads),
+        "head_dim": key("attention.key_length", d // n_heads),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5),
+        "max_position_embeddings": key("context_length", 2048),
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+        "attention_bias": "blk.0.attn_q.bias" in f.tensors,
+        "rope_parameters": {"rope_theta": key("rope.freq_base", 10000.0), **_rope_scaling(f, name)},
+        **{t: f.get(f"tokenizer.ggml.{t}") for t in ("bos_token_id", "eos_token_id", "pad_token_id")},
+        **arch.hf,
+    }
+    return hf
+
+
+def _rope_scaling(f: GGUFFile, name: str) -> dict:
+    kind = f.get(f"{name}.rope.scaling.type", "none")
+    if kind not in SCALINGS:
+        raise ValueError(f"{f.path}: {name}.rope.scaling.type={kind!r} is not supported; supported: {list(SCALINGS)}")
+    factor = f.get(f"{name}.rope.scaling.factor")
+    original = f.get(f"{name}.rope.scaling.original_context_length")
+    if "rope_freqs.weight" in f.tensors:  # Llama 3 (and any per-frequency table): exactly these divisors
+        freqs = [float(x) for x in f.tensors["rope_freqs.weight"].data]
+        return {
+            "rope_type": "longrope",
+            "short_factor": freqs,
+            "long_factor": freqs,
+            "attention_factor": 1.0,
+            "original_max_position_embeddings": f.get(f"{name}.context_length", 2048),
+        }
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    if kind == "yarn":
+        return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
+    return {"rope_type": "default"}
+
+
+def hf_transforms(f: GGUFFile, hf: dict) -> dict[str, Callable[[Tensor], Tensor]]:
+    """GGUF name -> the function that undoes the converter's change to that tensor (rows of
+    quantized blocks too: a row permutation moves whole rows of bytes)."""
+    _, arch = arch_of(f)
+    out: dict[str, Callable[[Tensor], Tensor]] = {}
+    for name in f.tensors:
+        leaf = name.split(".")[-2]
+        if arch.permuted_qk and leaf in ("attn_q", "attn_k"):
+            n = hf["num_attention_heads"] if leaf == "attn_q" else hf["num_key_value_heads"]
+            out[name] = lambda t, n=n: interleaved_to_half(t, n)
+        elif arch.norm_plus_one and leaf.endswith("norm"):
+            out[name] = lambda t: t - torch.ones((), dtype=t.dtype)
+    return out

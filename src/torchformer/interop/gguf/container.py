@@ -1,0 +1,88 @@
+"""Open a GGUF file and check its container before anything is built: the header parses, every
+tensor lies inside the file, the tensor count is the header's, every type is one we load.
+
+GGUF (llama.cpp's single-file format) holds typed metadata (``general.*``, ``{arch}.*``,
+``tokenizer.ggml.*``) and tensors whose dimensions are listed fastest-first (``ne``, the reverse
+of PyTorch's order). The ``gguf`` package parses it and memory-maps the data; errors here become
+one ValueError naming the file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ...extras import require
+
+logger = logging.getLogger(__name__)
+
+# Types loaded as they are (float), into quantized modules (Q4_0), or dequantized at load.
+FLOAT_TYPES = ("F32", "F16", "BF16")
+DEQUANTIZED_TYPES = ("Q8_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
+SUPPORTED_TYPES = (*FLOAT_TYPES, "Q4_0", *DEQUANTIZED_TYPES)
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """The parsed file: metadata values by key and the tensors (gguf.ReaderTensor) by name."""
+
+    path: Path
+    meta: dict[str, Any]
+    tensors: dict[str, Any]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.meta.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.meta:
+            raise ValueError(f"{self.path}: metadata key {key!r} is missing; llama.cpp's writers always set it")
+        return self.meta[key]
+
+    def torch_shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape in PyTorch order (GGUF lists dimensions fastest first)."""
+        return tuple(int(n) for n in reversed(self.tensors[name].shape))
+
+    def type_name(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+
+def gguf_module():
+    return require("gguf", extra="gguf")
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse ``path``; a missing, truncated or foreign file, a tensor count that does not match the
+    header or a tensor type we cannot load is one ValueError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such GGUF file")
+    gguf = gguf_module()
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError, EOFError) as err:
+        raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {err}") from None
+    meta = {key: field.contents() for key, field in reader.fields.items()}
+    tensors = {t.name: t for t in reader.tensors}
+    count = meta.get("GGUF.tensor_count")
+    if count != len(reader.tensors) or len(tensors) != len(reader.tensors):
+        raise ValueError(
+            f"{path}: the header says tensor_count={count}, the file holds {len(reader.tensors)} tensors "
+            f"({len(tensors)} distinct names); they must agree"
+        )
+    _check_extent(path, reader)
+    bad = sorted({t.tensor_type.name for t in reader.tensors} - set(SUPPORTED_TYPES))
+    if bad:
+        raise ValueError(f"{path}: tensor types {bad} are not supported; supported: {list(SUPPORTED_TYPES)}")
+    return GGUFFile(path, meta, tensors)
+
+
+def _check_extent(path: Path, reader) -> None:
+    """Every tensor's bytes inside the file (numpy's memmap of a truncated file can end short)."""
+    size = path.stat().st_size
+    for t in reader.tensors:
+        end = t.data_offset + int(t.n_bytes)
+        if end > size or t.data.nbytes != int(t.n_bytes):
+            raise ValueError(f"{path} is truncated: tensor {t.name!r} needs bytes up to {end}, the file has {size}")

@@ -1,0 +1,169 @@
+"""from_gguf: a GGUF file (llama.cpp, Ollama) -> a torchformer model.
+
+The whole file is checked before anything is built or read: the container (container.py), the
+architecture and the config its metadata implies (archs.py -> the family's config_from_hf), then
+every tensor the model needs against the file (present, shaped as the config says, nothing left
+over). Names go ours -> Hugging Face (the family's key map, on the meta-device model) -> GGUF
+(gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0
+projections become Int4Linear modules holding the file's bytes, the rest are floats in ``dtype``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+
+import torch
+from torch import Tensor, nn
+
+from ...config import ModelConfig
+from ...fast.formats import prepare
+from ...models.quantize import Quantization, targets
+from ...models.saving import build_meta, materialize, unique_state
+from ...nn.quant import Int4Linear
+from ..hf import FAMILIES
+from .archs import AUX_TENSORS, arch_of, hf_config, hf_transforms
+from .container import FLOAT_TYPES, GGUFFile, gguf_module, open_gguf
+from .weights import float_tensor, q4_0_linear, raw_rows
+
+logger = logging.getLogger(__name__)
+
+
+def _plan(path: str | os.PathLike) -> tuple[GGUFFile, dict, object, ModelConfig]:
+    f = open_gguf(path)
+    hf = hf_config(f)
+    family = FAMILIES[hf["model_type"]]
+    try:
+        cfg = family.config_from_hf(hf)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{f.path}: its metadata does not make a valid {hf['model_type']} config: {err}") from None
+    _check_sizes(f, cfg)
+    return f, hf, family, cfg
+
+
+def _check_sizes(f: GGUFFile, cfg: ModelConfig) -> None:
+    """Block count and widths against the tensors, before a model of that size is built."""
+    blocks = {int(n.split(".")[1]) for n in f.tensors if n.startswith("blk.")}
+    held = max(blocks, default=-1) + 1
+    problems = []
+    if held != cfg.n_layers:
+        problems.append(f"block_count={cfg.n_layers} but the file holds blocks 0..{held - 1}")
+    if "token_embd.weight" in f.tensors and f.torch_shape("token_embd.weight") != (cfg.vocab_size, cfg.d_model):
+        problems.append(
+            f"token_embd.weight is {f.torch_shape('token_embd.weight')}, the metadata says "
+            f"(vocab_size, embedding_length) = {(cfg.vocab_size, cfg.d_model)}"
+        )
+    if problems:
+        raise ValueError(f"{f.path}: metadata contradicts the tensors: {'; '.join(problems)}")
+
+
+def config_from_gguf(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a GGUF file (metadata and tensor headers only; no weights read)."""
+    return _plan(path)[3]
+
+
+def from_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A torchformer model with the weights of the GGUF file ``path``, in eval mode.
+
+    F32/F16/BF16 tensors load as floats in ``dtype`` (default float32, the precision llama.cpp
+    computes in on a CPU); Q4_0 projections load into Int4Linear (group 32, the file's bytes, no
+    float copy); other quantized types are dequantized to ``dtype`` at load (logged). Any problem
+    with the file is one ValueError before a weight is read.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype={dtype!r}: must be a floating torch.dtype (float32, bfloat16, float16)")
+    f, hf, family, cfg = _plan(path)
+    model = build_meta(cfg, f.path)
+    keymap = family.keymap(cfg, None)
+    ours = unique_state(model)
+    theirs = keymap.to_theirs(ours).tensors  # HF name -> meta tensor (the shapes a folder would hold)
+    names = _gguf_names(f, theirs)
+    undo = hf_transforms(f, hf)
+
+    def rows(hf_name: str) -> Tensor:
+        g = names[hf_name]
+        return undo.get(g, lambda t: t)(raw_rows(f, g))
+
+    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype)
+    rest = [n for n in theirs if n not in quantized]
+    state = keymap.to_ours(rest, lambda n: float_tensor(f, names[n], rows(n), dtype)).tensors
+    assert set(state) | {k for ks in quantized.values() for k in ks} == set(ours), "a tensor was left unloaded"
+    model.load_state_dict(state, strict=False, assign=True)
+    model = materialize(model, cfg, device).to(device)
+    _log_dequantized(f, names, quantized)
+    if quantized:
+        _record_quantization(model)
+        prepare(model)  # the CPU kernels' panels where they run (fast/formats.py)
+    return model
+
+
+def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> dict[str, str]:
+    """HF name -> GGUF name for every tensor the model needs; missing, mis-shaped and unknown
+    tensors all named in one ValueError."""
+    gguf = gguf_module()
+    arch_name, _ = arch_of(f)
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
+    table = gguf.get_tensor_name_map(arch, f.require(f"{arch_name}.block_count"))
+    names, problems = {}, []
+    for hf_name, meta in theirs.items():
+        g = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if g is None or g not in f.tensors:
+            problems.append(f"missing tensor {g or hf_name!r}")
+        elif f.torch_shape(g) != tuple(meta.shape):
+            problems.append(
+                f"tensor {g!r} has shape {f.torch_shape(g)} (PyTorch order), the metadata implies {tuple(meta.shape)}"
+            )
+        names[hf_name] = g
+    unknown = sorted(set(f.tensors) - set(names.values()) - set(AUX_TENSORS))
+    if unknown:
+        problems.append(f"tensors this architecture does not have: {unknown}")
+    if problems:
+        raise ValueError(f"{f.path} does not fit its metadata:\n  - " + "\n  - ".join(problems))
+    return names
+
+
+def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype) -> dict[str, tuple[str, ...]]:
+    """Swap each projection stored as Q4_0 (and renamed as is by the key map) for an Int4Linear
+    over the file's bytes. Returns HF name -> the state keys of ours it filled."""
+    done: dict[str, tuple[str, ...]] = {}
+    for name, lin in targets(model, lm_head=True):
+        weight = f"{name}.weight"
+        plain = keymap.to_theirs({weight: lin.weight})
+        hf_name = next(iter(plain.tensors), None)
+        if len(plain.tensors) != 1 or plain.tensors[hf_name] is not lin.weight:
+            continue  # fused or transformed by the key map: loaded as floats
+        if hf_name not in names or f.type_name(names[hf_name]) != "Q4_0":
+            continue  # a tied head (the embedding's tensor) or a type loaded as floats
+        filled = (weight,)
+        bias = None
+        if lin.bias is not None:
+            hf_bias = next(iter(keymap.to_theirs({f"{name}.bias": lin.bias}).tensors))
+            bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype), (weight, f"{name}.bias")
+            done[hf_bias] = ()
+        module = q4_0_linear(rows(hf_name), tuple(lin.weight.shape), bias)
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, module)
+        done[hf_name] = filled
+    return done
+
+
+def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> None:
+    kinds = Counter(f.type_name(g) for n, g in names.items() if n not in quantized)
+    dequantized = {k: n for k, n in kinds.items() if k not in FLOAT_TYPES}
+    if dequantized:
+        logger.info(
+            "%s: dequantized %s tensors at load (no torchformer module runs these types as stored)", f.path, dequantized
+        )
+    if quantized:
+        logger.info(
+            "%s: %d Q4_0 projections loaded as Int4Linear (group 32)", f.path, sum(1 for v in quantized.values() if v)
+        )
+
+
+def _record_quantization(model: nn.Module) -> None:
+    """model.quantization when every projection (and the head, or none of it) is int4: then
+    tfm.save writes a checkpoint tfm.load rebuilds; a mix stays unrecorded."""
+    head = isinstance(getattr(model, "lm_head", None), Int4Linear)
+    if not targets(model, lm_head=head):  # targets lists the float projections left
+        model.quantization = Quantization("int4", 32, head)

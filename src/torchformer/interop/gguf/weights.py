@@ -1,0 +1,50 @@
+"""GGUF tensors -> torch: float types as they are, Q4_0 into ``Int4Linear`` (the same numbers and
+the same nibble order), every other type dequantized at load by the ``gguf`` package.
+
+Q4_0 (llama.cpp ggml-quants): blocks of 32 inputs, an f16 scale d and 16 bytes; byte j holds input
+j (low nibble) and input j + 16 (high nibble), weight = d * (nibble - 8). nn/quant.py's Int4Linear
+with group 32 stores byte j of a group as input j (low) and j + G/2 (high), value + 8, times an fp32
+scale: the bytes are copied as they are and d widened to fp32, so its dequantized weight equals
+gguf's dequantization bit for bit. Q8_0 (32 int8 and an f16 scale per block) has no module of ours
+with one scale per 32 inputs (Int8Linear keeps one per output row), so it is dequantized: d * q is
+exact in fp32 (an 11-bit by 8-bit product), i.e. the float model equals the file's numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...nn.quant import Int4Linear
+from .container import FLOAT_TYPES, GGUFFile, gguf_module
+
+Q4_0_GROUP = 32
+
+
+def raw_rows(f: GGUFFile, name: str) -> Tensor:
+    """A tensor's stored bytes or values as a torch tensor, one row per output row; a copy (the
+    reader maps the file read-only, and a model owns its weights)."""
+    data = np.asarray(f.tensors[name].data)
+    if f.type_name(name) == "BF16":  # stored as raw 16-bit words
+        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).reshape(f.torch_shape(name))
+    return torch.from_numpy(data.copy())
+
+
+def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """The tensor in ``dtype`` from its rows (raw_rows, after any row transform)."""
+    kind = f.type_name(name)
+    if kind in FLOAT_TYPES:
+        return rows.reshape(f.torch_shape(name)).to(dtype)
+    gguf = gguf_module()
+    values = gguf.quants.dequantize(rows.numpy(), f.tensors[name].tensor_type)
+    return torch.from_numpy(values).reshape(f.torch_shape(name)).to(dtype)
+
+
+def q4_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int4Linear:
+    """Int4Linear (group 32) holding a Q4_0 matrix's bytes; rows: (N, K / 32 * 18) uint8."""
+    n, k = shape
+    blocks = rows.reshape(n, k // Q4_0_GROUP, 2 + Q4_0_GROUP // 2)  # (N, K/32, 18): f16 d, 16 bytes
+    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // Q4_0_GROUP).float()  # (N, K/32)
+    qweight = blocks[..., 2:].reshape(n, k // 2).clone()  # (N, K/2): byte j = inputs j, j + 16 of a block
+    return Int4Linear(qweight, scale, bias, Q4_0_GROUP)

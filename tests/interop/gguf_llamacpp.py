@@ -1,0 +1,178 @@
+"""Fixtures for the GGUF tests: tiny random Hugging Face models (built from config objects, never
+downloaded) converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python
+sdist, found or fetched by benchmarks/engines.py) and quantized by llama_model_quantize; and
+llama.cpp's own logits, greedy tokens and tokenization through llama-cpp-python.
+
+Files are made once per process into a temporary folder (a model is ~1 MB; conversion ~15 s).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from benchmarks.engines import CACHE, CONVERT, llama_source, pad_merges
+
+ROOT = Path(tempfile.mkdtemp(prefix="tfm-gguf-"))
+atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
+
+# The fixed multilingual set the tokenizer is trained on and checked against llama.cpp with.
+TEXTS = [
+    "Hello world! The quick brown fox jumps over the lazy dog.",
+    "Le cœur a ses raisons que la raison ne connaît point.",
+    "Über allen Gipfeln ist Ruh, in allen Wipfeln spürest du kaum einen Hauch.",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "我能吞下玻璃而不伤身体。日本語のテキストも少し。",
+    "مرحبا بالعالم — emoji 🙂🚀 and numbers 12345 67.89",
+    "def f(x):\n    return x ** 2  # code\t\ttabs  and   spaces",
+    "  leading spaces, 'quotes' and \"double\" ones; don't won't I'm",
+]
+SPECIALS = ["<unk>", "<s>", "</s>"]
+CHAT = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
+
+
+def bpe_tokenizer(folder: Path, vocab: int) -> None:
+    """tokenizer.json: a byte-level BPE trained on TEXTS, padded with merges to exactly ``vocab``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(TEXTS * 4, trainer)
+    raw = json.loads(tok.to_str())
+    pad_merges(raw["model"]["vocab"], raw["model"]["merges"], sorted(alphabet), vocab)
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "chat_template": CHAT,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+# family -> (transformers config class, its arguments); 256 wide so K-quants (256-wide blocks) apply.
+SHAPE = dict(
+    vocab_size=384,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+FAMILIES = {
+    "llama": (
+        "LlamaConfig",
+        dict(rope_theta=50000.0, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False, rms_norm_eps=1e-5),
+    ),
+    "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True, rms_norm_eps=1e-6)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
+    "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32, rms_norm_eps=1e-6)),
+}
+
+
+@functools.cache
+def hf_folder(family: str) -> Path:
+    import transformers
+
+    cls, extra = FAMILIES[family]
+    cfg = getattr(transformers, cls)(**SHAPE, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # random norms (HF starts them at one) so a wrong norm shows in the logits
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+    folder = ROOT / family / "hf"
+    model.save_pretrained(folder)
+    bpe_tokenizer(folder, SHAPE["vocab_size"] - 8)  # room for tokens a family's tokenizer class adds
+    return folder
+
+
+@functools.cache
+def gguf_file(family: str, kind: str = "F32") -> Path:
+    """F32 by llama.cpp's converter; the other kinds quantized from it by llama_model_quantize."""
+    out = ROOT / family / f"model-{kind}.gguf"
+    if kind == "F32":
+        cmd = [
+            sys.executable,
+            "-c",
+            CONVERT,
+            str(llama_source(CACHE)),
+            str(hf_folder(family)),
+            "--outtype",
+            "f32",
+            "--outfile",
+            str(out),
+        ]
+        done = subprocess.run(cmd, env={**os.environ, "NO_LOCAL_GGUF": "1"}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return out
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind}")
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(gguf_file(family)).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    return out
+
+
+def llama(path: Path):
+    """llama.cpp on ``path`` in f32 throughout: f32 KV cache, flash attention off, every position's logits."""
+    import llama_cpp
+
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=128,
+        logits_all=True,
+        type_k=llama_cpp.GGML_TYPE_F32,
+        type_v=llama_cpp.GGML_TYPE_F32,
+        flash_attn=False,
+        n_threads=1,
+        n_threads_batch=1,
+        verbose=False,
+    )
+
+
+def llama_logits(path: Path, ids: list[int]) -> torch.Tensor:
+    llm = llama(path)
+    llm.eval(ids)
+    return torch.tensor(llm.scores[: len(ids)])  # (T, V)
+
+
+def llama_greedy(path: Path, ids: list[int], n: int) -> list[int]:
+    llm, out = llama(path), []
+    llm.eval(ids)
+    for _ in range(n):
+        nxt = int(llm.scores[llm.n_tokens - 1].argmax())
+        out.append(nxt)
+        llm.eval([nxt])
+    return out
