@@ -23,9 +23,12 @@ def envelope(err: openai.APIStatusError) -> dict:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": 2}, "logprobs"),
-        ({"echo": True}, "echo"),
+        ({"n": 0}, "n"),
+        ({"n": 5}, "n"),  # more choices than the server's 4 rows
+        ({"logprobs": 6}, "logprobs"),  # completions: 0-5
+        ({"logprobs": True}, "logprobs"),  # completions: an integer
+        ({"echo": "yes"}, "echo"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # a chat field
         ({"best_of": 3}, "best_of"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"logit_bias": {"5": 10}}, "logit_bias"),
@@ -49,11 +52,18 @@ def test_unsupported_parameters_are_400(server, extra, param):
     assert err.value.status_code == 400
 
 
-def test_chat_refuses_logprobs_and_non_text_parts(server):
+def test_chat_refuses_bad_logprobs_and_non_text_parts(server):
     _, url = server
-    with pytest.raises(openai.BadRequestError) as err:
-        client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": "hi"}], logprobs=True)
-    assert envelope(err.value)["param"] == "logprobs"
+    hi = [{"role": "user", "content": "hi"}]
+    for extra, param in [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+        ({"logprobs": 1}, "logprobs"),
+        ({"echo": True}, "echo"),  # completions only
+    ]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client(url).chat.completions.create(model=NAME, messages=hi, extra_body=extra)
+        assert envelope(err.value)["param"] == param, extra
     parts = [{"type": "image_url", "image_url": {"url": "http://x"}}]
     with pytest.raises(openai.BadRequestError) as err:
         client(url).chat.completions.create(model=NAME, messages=[{"role": "user", "content": parts}])

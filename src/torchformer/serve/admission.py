@@ -6,6 +6,8 @@ busy and ``max_queue`` requests wait. Requests submitted while rows are free but
 engine has moved them in are not waiting, they are about to run; so what is counted is the
 requests in the queue plus those holding a row (``held``: taken from the queue, not yet given
 back), against ``slots + max_queue``. Every way a taken request ends gives its row back once.
+A request for n choices is a group of n jobs, counted as n, taken whole or not at all (FIFO: a
+group that does not fit the free rows waits, and so do the requests behind it).
 """
 
 from __future__ import annotations
@@ -21,15 +23,16 @@ class Admission:
     def __init__(self, slots: int, max_queue: int) -> None:
         self.slots, self.max_queue = slots, max_queue
         self.wake = threading.Condition()
-        self.waiting: collections.deque[Job] = collections.deque()
+        self.waiting: collections.deque[list[Job]] = collections.deque()  # groups (requests)
+        self.queued = 0  # jobs in ``waiting``
         self.held = 0  # requests taken from the queue that hold, or are about to hold, a row
         self.closed = False
 
-    def put(self, job: Job) -> None:
+    def put(self, group: list[Job]) -> None:
         with self.wake:
             if self.closed:
                 raise shutting_down()
-            if len(self.waiting) + self.held >= self.slots + self.max_queue:
+            if self.queued + self.held + len(group) > self.slots + self.max_queue:
                 raise APIError(
                     429,
                     f"every row is busy ({self.slots} rows) and the queue is full ({self.max_queue} waiting "
@@ -37,15 +40,21 @@ class Admission:
                     type="rate_limit_error",
                     code="queue_full",
                 )
-            self.waiting.append(job)
+            self.waiting.append(group)
+            self.queued += len(group)
             self.wake.notify_all()
 
-    def take(self, free: int) -> list[Job]:
-        """Up to ``free`` waiting requests, FIFO; each holds a row until ``give_back``."""
+    def take(self, free: int) -> list[list[Job]]:
+        """Waiting groups, FIFO, while they fit in ``free`` rows; each job holds a row until
+        ``give_back``."""
+        groups = []
         with self.wake:
-            jobs = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
-            self.held += len(jobs)
-        return jobs
+            while self.waiting and len(self.waiting[0]) <= free:
+                groups.append(self.waiting.popleft())
+                free -= len(groups[-1])
+                self.queued -= len(groups[-1])
+                self.held += len(groups[-1])
+        return groups
 
     def give_back(self) -> None:
         with self.wake:
@@ -56,12 +65,13 @@ class Admission:
         """Admit nothing more; the waiting requests, for the engine to end."""
         with self.wake:
             self.closed = True
-            jobs, self.waiting = list(self.waiting), collections.deque()
+            jobs, self.waiting, self.queued = [j for g in self.waiting for j in g], collections.deque(), 0
             self.wake.notify_all()
         return jobs
 
     def clear(self) -> list[Job]:
         """Everything waiting, and no row held any more (the engine is gone)."""
         with self.wake:
-            jobs, self.waiting, self.held = list(self.waiting), collections.deque(), 0
+            jobs, self.waiting, self.held = [j for g in self.waiting for j in g], collections.deque(), 0
+            self.queued = 0
         return jobs

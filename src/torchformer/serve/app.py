@@ -28,9 +28,9 @@ from starlette.routing import Route
 from .boundary import ClientGone, Guard, error_response, read_json
 from .chat import ChatTemplate
 from .engine import Engine
-from .jobs import Delta, Done, Failed
+from .jobs import Delta, Done, Failed, Prompt
 from .protocol import APIError, chat_request, completion_request
-from .responses import ChatShape, CompletionShape, usage
+from .responses import ChatShape, Choice, CompletionShape, usage
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
@@ -118,7 +118,9 @@ class Server:
         prompt, params = completion_request(await self.body(request), self.model_name)
         self.require_ready()
         ids = self.engine.texts.encode(prompt)
-        return await self.respond(request, ids, params, CompletionShape(self.model_name, ids, params.return_token_ids))
+        echo = (prompt if isinstance(prompt, str) else self.engine.texts.decode(ids)) if params.echo else ""
+        shape = CompletionShape(self.model_name, ids, params.return_token_ids, self.token_text)
+        return await self.respond(request, ids, params, shape, echo)
 
     async def chat_completions(self, request: Request):
         messages, params = chat_request(await self.body(request), self.model_name)
@@ -132,13 +134,17 @@ class Server:
                 code="no_chat_template",
             )
         ids = self.engine.texts.encode(self.chat.render(messages), param="messages")
-        return await self.respond(request, ids, params, ChatShape(self.model_name, ids, params.return_token_ids))
+        shape = ChatShape(self.model_name, ids, params.return_token_ids, self.token_text)
+        return await self.respond(request, ids, params, shape)
+
+    def token_text(self, token: int) -> str:
+        return self.engine.texts.decode([token])
 
     def require_ready(self) -> None:
         if not self.engine.healthy:
             raise APIError(503, f"not ready: {self.engine.state()}", type="server_error", code="not_ready")
 
-    async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape):
+    async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape, echo: str = ""):
         queue = asyncio.Queue()
         if self.mailbox is None:
             self.mailbox = Mailbox(asyncio.get_running_loop())
@@ -146,25 +152,23 @@ class Server:
         if params.stream:
             return EventStream(
                 functools.partial(self.engine.cancel, job),
-                self.stream(queue, shape, params),
+                self.stream(queue, shape, params, echo),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
         watcher = asyncio.create_task(self.watch_disconnect(request, job, queue))
+        wanted = params.logprobs is not None
+        choices = [Choice(i, shape.new_logprobs() if wanted else None) for i in range(params.n)]
         try:
-            text, tokens = [], []
-            while True:
+            while not all(c.done for c in choices):
                 event = await queue.get()
                 if event is None:  # the client went away; nobody reads this answer
                     return PlainTextResponse("", status_code=499)
                 if isinstance(event, Failed):
                     return error_response(event.error)
-                if isinstance(event, Delta):
-                    text.append(event.text)
-                    tokens.extend(event.token_ids)
-                elif isinstance(event, Done):
-                    use = usage(event.prompt_tokens, event.completion_tokens)
-                    return JSONResponse(shape.full("".join(text), event.finish_reason, tokens, use))
+                choices[event.index].add(event, echo)
+            use = usage(len(ids), sum(c.done.completion_tokens for c in choices))
+            return JSONResponse(shape.full(choices, use))
         finally:
             watcher.cancel()
 
@@ -174,23 +178,32 @@ class Server:
         self.engine.cancel(job)
         queue.put_nowait(None)
 
-    async def stream(self, queue: asyncio.Queue, shape: CompletionShape, params):
+    async def stream(self, queue: asyncio.Queue, shape: CompletionShape, params, echo: str):
         """The SSE body; EventStream cancels the request if this stops early (a disconnect)."""
-        first = shape.first(params.include_usage)
-        if first is not None:
-            yield sse(first)
-        while True:
+        formats = [shape.new_logprobs() if params.logprobs is not None else None for _ in range(params.n)]
+        for index in range(params.n):
+            first = shape.first(index, params.include_usage)
+            if first is not None:
+                yield sse(first)
+        done, completion_tokens = 0, 0
+        while done < params.n:
             event = await queue.get()
             if isinstance(event, Failed):  # the OpenAI client raises APIError on an "error" event
                 yield sse(event.error.envelope())
-                break
-            if isinstance(event, Delta) and (event.text or params.return_token_ids):
-                yield sse(shape.chunk(event.text, event.token_ids, None, params.include_usage))
-            if isinstance(event, Done):
-                yield sse(shape.chunk("", None, event.finish_reason, params.include_usage))
-                if params.include_usage:
-                    yield sse(shape.usage_chunk(usage(event.prompt_tokens, event.completion_tokens)))
-                break
+                yield sse("[DONE]")
+                return
+            i, logprobs = event.index, formats[event.index]
+            if isinstance(event, Prompt | Delta):
+                text = echo if isinstance(event, Prompt) else event.text
+                part = None if logprobs is None else logprobs.add(event.logprobs)
+                ids = event.token_ids if isinstance(event, Delta) else None
+                if text or part is not None or (params.return_token_ids and ids):
+                    yield sse(shape.chunk(i, text, ids, None, params.include_usage, part))
+            elif isinstance(event, Done):
+                done, completion_tokens = done + 1, completion_tokens + event.completion_tokens
+                yield sse(shape.chunk(i, "", None, event.finish_reason, params.include_usage))
+        if params.include_usage:
+            yield sse(shape.usage_chunk(usage(len(shape.prompt_ids), completion_tokens)))
         yield sse("[DONE]")
 
     async def models(self, request: Request):
@@ -204,7 +217,8 @@ class Server:
         return JSONResponse({"status": self.engine.state()}, status_code=200 if healthy else 503)
 
     async def metrics(self, request: Request):
-        text = self.engine.metrics.render(self.engine.running, len(self.engine.waiting))
+        e = self.engine
+        text = e.metrics.render(e.running, len(e.waiting), e.kv_usage)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     def route(self, path: str, handler, method: str, public: bool = False) -> Route:

@@ -28,10 +28,12 @@ from ..generation.steps import steady
 from ..models.decoder import DecoderLM
 from ..nn.kv_cache import KVCache
 from .admission import Admission
-from .jobs import Event, Job
+from .groups import first_tokens
+from .jobs import Event, Job, Prompt
+from .logprobs import step_logprobs
 from .metrics import Metrics
 from .model_len import for_loaded
-from .protocol import APIError, Params, new_tokens, shutting_down
+from .protocol import APIError, Params, bad, new_tokens, shutting_down
 from .rows import decode_rows, prefill_batches, prefill_rows, rows_view, span
 from .text import Texts
 
@@ -126,17 +128,33 @@ class Engine:
     def running(self) -> int:
         return sum(job is not None for job in self.rows)
 
+    @property
+    def kv_usage(self) -> float:
+        """The fraction of the cache's positions (slots x max-model-len) the running requests hold."""
+        held = sum(job.pos for job in list(self.rows) if job is not None)
+        return held / (self.slots * self.context) if self.context else 0.0
+
     def submit(self, prompt: list[int], params: Params, sink: Callable[[Event], None]) -> Job:
         """Queue a request (prompt ids), or raise the APIError that answers it."""
         if not self.healthy:
             raise APIError(503, f"not ready: {self.state()}", type="server_error", code="not_ready")
-        job = Job(prompt, params, new_tokens(len(prompt), params, self.context), sink, self.texts, self.request_timeout)
-        self.admission.put(job)  # or the 429 / 503 that answers it
-        return job
+        if params.n > self.slots:
+            raise bad(
+                "n",
+                f"{params.n} choices need {params.n} rows at once; this server has {self.slots} (--slots): "
+                f"ask for n <= {self.slots}",
+            )
+        max_tokens = new_tokens(len(prompt), params, self.context)
+        group = [Job(prompt, params, max_tokens, sink, self.texts, self.request_timeout, i) for i in range(params.n)]
+        for job in group:
+            job.group = group
+        self.admission.put(group)  # or the 429 / 503 that answers it
+        return group[0]
 
     def cancel(self, job: Job) -> None:
-        """The client went away: the row is freed at the start of the next step."""
-        job.cancelled = True
+        """The client went away: the rows of its request are freed at the start of the next step."""
+        for one in job.group:
+            one.cancelled = True
         with self.wake:
             self.wake.notify_all()
 
@@ -213,57 +231,76 @@ class Engine:
 
     def admit(self) -> None:
         """Waiting requests FIFO into the free rows, prefilled in batches (``prefill_batches``);
-        the shortest prompts take the lowest rows, so a batch pads little."""
+        the shortest prompts take the lowest rows, so a batch pads little. A request for n choices
+        prefills its first job's row; its other jobs take rows after the batch's (``place``)."""
         now, free = time.monotonic(), [r for r, j in enumerate(self.rows) if j is None]
         ready = []
-        for job in self.admission.take(len(free)):
-            if job.cancelled:
-                self.metrics.finish("cancelled")
+        for group in self.admission.take(len(free)):
+            for job in group if group[0].cancelled or now > group[0].deadline else ():
+                if job.cancelled:
+                    self.metrics.finish("cancelled")
+                else:
+                    job.finish("length", self.metrics)  # timed out in the queue: no tokens
                 self.admission.give_back()
-            elif now > job.deadline:
-                job.finish("length", self.metrics)  # timed out in the queue: no tokens
-                self.admission.give_back()
-            else:
-                ready.append(job)
-        ready.sort(key=lambda j: len(j.prompt))
-        admitted = list(zip(free, ready))
-        for group in prefill_batches([(row, job.prompt) for row, job in admitted]):
-            self.prefill([admitted[i] for i in group])
+            if not group[0].cancelled and now <= group[0].deadline:
+                ready.append(group)
+        ready.sort(key=lambda g: len(g[0].prompt))
+        rest = iter(free[len(ready) :])
+        placed = [(row, g, [next(rest) for _ in g[1:]]) for row, g in zip(free, ready)]
+        for batch in prefill_batches([(row, g[0].prompt) for row, g, _ in placed]):
+            self.prefill([placed[i] for i in batch])
 
-    def prefill(self, batch: list[tuple[int, Job]]) -> None:
-        """One batched prefill into consecutive rows; each request's first token is its own."""
+    def prefill(self, batch: list[tuple[int, list[Job], list[int]]]) -> None:
+        """One batched prefill of the groups' first jobs into consecutive rows."""
         started = []
-        for row, job in batch:
+        for row, group, _ in batch:
             try:
-                job.start(row, self.texts.vocab_size, self.device)
-                started.append(job)
+                group[0].start(row, self.texts.vocab_size, self.device)
+                started.append(group[0])
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                self.fail(job, "the request failed inside the engine", err)
-                self.admission.give_back()
+                self.fail_group(group, err)
         if not started:
             return
         try:
             # A failed start leaves a hole: the others still need consecutive rows, so the batch
             # keeps its rows and the hole's prompt is a dummy one whose row stays free.
-            prompts = [job.prompt if job in started else [0] for _, job in batch]
-            logits = prefill_rows(self.model, self.cache, batch[0][0], prompts)  # (b, V)
+            prompts = [g[0].prompt if g[0] in started else [0] for _, g, _ in batch]
+            logits, hidden = prefill_rows(self.model, self.cache, batch[0][0], prompts)  # (b, V), (b, T, D)
         except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
-            for job in started:
-                self.fail(job, "the request failed inside the engine", err)
-                self.admission.give_back()
+            for _, group, _ in batch:
+                if group[0] in started:
+                    self.fail_group(group, err)
             return
-        for i, (row, job) in enumerate(batch):
-            if job not in started:
+        for i, (_, group, rows) in enumerate(batch):
+            if group[0] not in started:
                 continue
             try:
-                token = int(logits[i].argmax(-1) if job.fast else job.sample(logits[i : i + 1]))
+                self.metrics.prefix(len(group[0].prompt), 0)  # no prefix reuse yet: every token prefilled
+                firsts = first_tokens(
+                    self.model, self.cache, group, rows, logits[i : i + 1], hidden[i], self.texts.vocab_size
+                )
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                self.fail(job, "the request failed inside the engine", err)
+                self.fail_group(group, err)
+                continue
+            self.place(group, *firsts)
+
+    def place(self, group: list[Job], echo: tuple, tokens: list[int], scored: list) -> None:
+        for job in group:
+            if job.params.echo:
+                job.sink(Prompt(echo, job.index))
+            if not tokens:  # max_tokens 0: the prompt scored, nothing generated
+                job.finish("length", self.metrics)
                 self.admission.give_back()
                 continue
-            self.rows[row] = job
-            if job.accept(token, self.eos, self.metrics):
+            self.rows[job.row] = job
+            if job.accept(tokens[job.index], self.eos, self.metrics, scored[job.index]):
                 self.free(job)
+
+    def fail_group(self, group: list[Job], err: Exception) -> None:
+        """Fail a request that holds no row yet (inside its except block); its rows are given back."""
+        for job in group:
+            self.fail(job, "the request failed inside the engine", err)
+            self.admission.give_back()
 
     def fail(self, job: Job, what: str, err: Exception) -> None:
         """Fail one request with a 500 saying what failed (called inside its except block)."""
@@ -304,6 +341,25 @@ class Engine:
                 self.free(job)
                 failed.add(job.id)
         values = tokens.tolist()
+        asked = [j for j in jobs if j.params.logprobs is not None and j.id not in failed]
+        scored = self.logprobs(logits, asked, values)
         for job in jobs:
-            if job.id not in failed and job.accept(values[job.row], self.eos, self.metrics):
+            if job.id in failed or job.id in scored and scored[job.id] is None:
+                continue
+            if job.accept(values[job.row], self.eos, self.metrics, scored.get(job.id)):
                 self.free(job)
+
+    def logprobs(self, logits, jobs: list[Job], values: list[int]) -> dict:
+        """The chosen tokens' logprobs (and top alternatives) of the rows that asked, one host read;
+        a failure fails those requests (their entry is None)."""
+        if not jobs:
+            return {}
+        try:
+            rows = [j.row for j in jobs]
+            entries = step_logprobs(logits, rows, [values[r] for r in rows], [j.params.logprobs for j in jobs])
+        except Exception as err:  # noqa: BLE001 - these requests fail; the others go on
+            for job in jobs:
+                self.fail(job, "logprobs failed", err)
+                self.free(job)
+            return dict.fromkeys((j.id for j in jobs), None)
+        return {j.id: e for j, e in zip(jobs, entries)}

@@ -2,7 +2,9 @@
 
 Sampling reuses generation/ unchanged: the row's logits (1, V) go through the same ``History``
 processors and ``choose`` as ``tfm.generate`` with batch 1, with the row's own generator seeded
-like generate's, so a request alone draws exactly the noise generate draws.
+like generate's, so a request alone draws exactly the noise generate draws. A request for n
+choices is n jobs (a group), one row each; choice i of a request with ``seed`` s draws with seed
+s + i, so it is exactly what a one-choice request with seed s + i gives.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor
 
 from ..generation.generate import History
 from ..generation.sampling import choose
+from .logprobs import TokenLogprob
 from .metrics import Metrics
 from .protocol import APIError, Params
 from .text import Texts, TextStream
@@ -26,19 +29,29 @@ from .text import Texts, TextStream
 class Delta(NamedTuple):
     text: str  # newly final text (may be empty while held back)
     token_ids: list[int]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked for logprobs
+    index: int = 0  # the choice
+
+
+class Prompt(NamedTuple):
+    """echo: the prompt's tokens, with their logprobs when asked (sent before the first Delta)."""
+
+    logprobs: tuple[TokenLogprob, ...]
+    index: int = 0
 
 
 class Done(NamedTuple):
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0
 
 
 class Failed(NamedTuple):
     error: APIError
 
 
-Event = Delta | Done | Failed
+Event = Delta | Prompt | Done | Failed
 
 
 class Job:
@@ -50,8 +63,10 @@ class Job:
         sink: Callable[[Event], None],
         texts: Texts,
         timeout: float,
+        index: int = 0,
     ) -> None:
-        self.id = uuid.uuid4().hex
+        self.id, self.index = uuid.uuid4().hex, index
+        self.group = [self]  # the jobs of one request (its n choices); the first one is prefilled
         self.prompt, self.params, self.max_tokens, self.sink = prompt, params, max_tokens, sink
         self.created = time.monotonic()
         self.deadline = self.created + timeout
@@ -76,7 +91,7 @@ class Job:
         s = self.params.sampling
         if not s.greedy:
             # No seed: a fresh one per request, never torch's global RNG (shared by all rows).
-            seed = random.randrange(2**63) if self.params.seed is None else self.params.seed
+            seed = random.randrange(2**63) if self.params.seed is None else self.params.seed + self.index
             self.generator = torch.Generator(device=device).manual_seed(seed)
         if s.needs_history:
             prompt = torch.tensor([self.prompt], device=device)  # (1, T)
@@ -91,7 +106,7 @@ class Job:
             self.history.add(tok)
         return tok
 
-    def accept(self, token: int, eos: frozenset[int], metrics: Metrics) -> bool:
+    def accept(self, token: int, eos: frozenset[int], metrics: Metrics, logprob: TokenLogprob | None = None) -> bool:
         """Record a chosen token, emit its text; True when the request has finished."""
         now = time.monotonic()
         metrics.observe(metrics.inter_token if self.tokens else metrics.ttft, now - (self.last_time or self.created))
@@ -102,15 +117,15 @@ class Job:
         reason = "stop" if stopped or token in eos else "length" if len(self.tokens) >= self.max_tokens else None
         if reason is not None:
             text += self.text.flush()
-        self.sink(Delta(text, [token]))
+        self.sink(Delta(text, [token], () if logprob is None else (logprob,), self.index))
         if reason is not None:
             self.finish(reason, metrics)
         return reason is not None
 
     def finish(self, reason: str, metrics: Metrics) -> None:
         metrics.finish(reason)
-        metrics.tokens(len(self.prompt), len(self.tokens))
-        self.sink(Done(reason, len(self.prompt), len(self.tokens)))
+        metrics.tokens(len(self.prompt) if self.index == 0 else 0, len(self.tokens))  # the prompt once
+        self.sink(Done(reason, len(self.prompt), len(self.tokens), self.index))
 
     def fail(self, error: APIError, metrics: Metrics) -> None:
         metrics.finish("error")

@@ -1,5 +1,12 @@
 """Prometheus text exposition (format 0.0.4) for the engine, without a client library: a few
-counters, two gauges read from the engine, and cumulative histograms."""
+counters, gauges read from the engine, and cumulative histograms.
+
+What inference gateways and routers scrape, next to vLLM's names (docs/tutorials/serve.md):
+``requests_running`` (vllm:num_requests_running), ``requests_queued`` (vllm:num_requests_waiting),
+``kv_cache_usage_perc`` (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc: a fraction in
+[0, 1] of the cache's positions that running requests hold), ``prefix_cache_hits_total`` and
+``prefix_cache_queries_total`` (vllm:prefix_cache_hits / prefix_cache_queries: prompt tokens found
+in a row's cache / prompt tokens looked up; hits stay 0 while rows are not reused by prefix)."""
 
 from __future__ import annotations
 
@@ -37,6 +44,7 @@ class Metrics:
         self.finished: dict[str, int] = {}  # by finish reason (stop, length, cancelled, error)
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.prefix_queries, self.prefix_hits = 0, 0  # prompt tokens looked up / found in a row's cache
         self.ttft = Histogram()
         self.inter_token = Histogram()
 
@@ -49,11 +57,16 @@ class Metrics:
             self.prompt_tokens += prompt
             self.completion_tokens += completion
 
+    def prefix(self, queried: int, hit: int) -> None:
+        with self.lock:
+            self.prefix_queries += queried
+            self.prefix_hits += hit
+
     def observe(self, histogram: Histogram, value: float) -> None:
         with self.lock:
             histogram.observe(value)
 
-    def render(self, running: int, queued: int) -> str:
+    def render(self, running: int, queued: int, kv_usage: float = 0.0) -> str:
         p = "torchformer_serve"
         with self.lock:
             lines = [
@@ -61,6 +74,12 @@ class Metrics:
                 f"{p}_requests_running {running}",
                 f"# TYPE {p}_requests_queued gauge",
                 f"{p}_requests_queued {queued}",
+                f"# TYPE {p}_kv_cache_usage_perc gauge",
+                f"{p}_kv_cache_usage_perc {kv_usage!r}",
+                f"# TYPE {p}_prefix_cache_queries_total counter",
+                f"{p}_prefix_cache_queries_total {self.prefix_queries}",
+                f"# TYPE {p}_prefix_cache_hits_total counter",
+                f"{p}_prefix_cache_hits_total {self.prefix_hits}",
                 f"# TYPE {p}_requests_finished_total counter",
                 *(f'{p}_requests_finished_total{{reason="{r}"}} {n}' for r, n in sorted(self.finished.items())),
                 f"# TYPE {p}_prompt_tokens_total counter",

@@ -4,6 +4,8 @@ Every field of a request is either understood, accepted because it changes nothi
 (``user``), or refused with a 400 naming it: a server that silently ignores ``n=3`` or
 ``logprobs=5`` returns something the caller did not ask for. Extensions beyond the OpenAI API
 (``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``) are the same ones vLLM takes.
+``n``, ``logprobs`` / ``top_logprobs`` and ``echo`` are checked in ``choices`` (the 400 names the
+field, its value and what is allowed); ``n`` beyond the engine's rows is the engine's 400.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from ..generation.request import sampling_options
 from ..generation.sampling import Sampling
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
+MAX_N = 128  # OpenAI's limit; the engine's rows (--slots) bound it further
+MAX_TOP_LOGPROBS = {"chat": 20, "completions": 5}  # OpenAI: top_logprobs 0-20 (chat), logprobs 0-5 (legacy)
 
 
 class APIError(Exception):
@@ -48,18 +52,17 @@ class Params:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    n: int = 1  # choices, each its own row (the prompt prefilled once)
+    logprobs: int | None = None  # None: off; else the alternatives reported per token (top_logprobs)
+    echo: bool = False  # completions: the prompt's text (and its tokens' logprobs) comes back first
 
 
 # Fields that change nothing we compute; everything not named anywhere is refused.
 HARMLESS = {"user", "metadata", "store", "service_tier"}
 # Fields OpenAI defines whose only value we support is the neutral one (anything else is a 400).
 NEUTRAL = {
-    "n": (None, 1),
     "best_of": (None, 1),
-    "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
@@ -71,9 +74,9 @@ NEUTRAL = {
     "response_format": (None, {"type": "text"}),
 }
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop"}
-COMMON = {"model", "stream", "stream_options", "return_token_ids"} | SAMPLING
-COMPLETION_FIELDS = COMMON | {"prompt"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
+COMMON = {"model", "stream", "stream_options", "return_token_ids", "n", "logprobs"} | SAMPLING
+COMPLETION_FIELDS = COMMON | {"prompt", "echo"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 
 
 def check_text(body) -> None:
@@ -147,9 +150,36 @@ def stops(value) -> tuple[str, ...]:
     return tuple(items)
 
 
-def params(body: dict, max_tokens_key: str, default_max_tokens: int | None) -> Params:
+def flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is not None and not isinstance(value, bool):
+        raise bad(key, f"{value!r} must be true or false")
+    return bool(value)
+
+
+def choices(body: dict, endpoint: str) -> tuple[int, int | None, bool]:
+    """(n, logprobs, echo): what the response holds. Chat: ``logprobs`` true/false and
+    ``top_logprobs`` 0-20 (which needs logprobs true); completions: ``logprobs`` 0-5 (the legacy
+    integer) and ``echo``."""
+    n = number(body, "n", 1, 1, MAX_N, integer=True)
+    most = MAX_TOP_LOGPROBS[endpoint]
+    if endpoint == "chat":
+        on = flag(body, "logprobs")
+        top = number(body, "top_logprobs", None, 0, most, integer=True)
+        if top is not None and not on:
+            raise bad("top_logprobs", f"{top!r} needs logprobs: true (top_logprobs is 0-{most} alternatives per token)")
+        return n, (top or 0) if on else None, False
+    return n, number(body, "logprobs", None, 0, most, integer=True), flag(body, "echo")
+
+
+def params(body: dict, max_tokens_key: str, default_max_tokens: int | None, endpoint: str = "chat") -> Params:
     """The sampling/limit fields shared by both endpoints (after ``check_fields``)."""
-    max_tokens = number(body, max_tokens_key, default_max_tokens, 1, 2**31, integer=True)
+    n, logprobs, echo = choices(body, endpoint)
+    # max_tokens 0 only echoes the prompt (with its logprobs): what lm-eval's loglikelihood asks.
+    least = 0 if echo else 1
+    if body.get(max_tokens_key) == 0 and not echo:
+        raise bad(max_tokens_key, "0 must be >= 1 (0 only with echo: true, to score the prompt)")
+    max_tokens = number(body, max_tokens_key, default_max_tokens, least, 2**31, integer=True)
     temperature = number(body, "temperature", 1.0, 0.0, 2.0)
     top_p = number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
@@ -171,14 +201,15 @@ def params(body: dict, max_tokens_key: str, default_max_tokens: int | None) -> P
     if not isinstance(token_ids, bool):
         raise bad("return_token_ids", f"{token_ids!r} must be true or false")
     sampling = sampling_options(temperature, top_k, None if top_p == 1.0 else top_p, min_p, repetition_penalty, 0)
-    return Params(max_tokens, sampling, seed, stops(body.get("stop")), stream, include_usage, token_ids)
+    stop = stops(body.get("stop"))
+    return Params(max_tokens, sampling, seed, stop, stream, include_usage, token_ids, n, logprobs, echo)
 
 
 def new_tokens(prompt_tokens: int, params: Params, context: int) -> int:
     """The tokens a request may generate (max_tokens, or the rest of the context), or the 400
     (OpenAI's wording) when the prompt and max_tokens do not fit the model's context."""
     max_tokens = context - prompt_tokens if params.max_tokens is None else params.max_tokens
-    if max_tokens < 1 or prompt_tokens + max_tokens > context:
+    if max_tokens < (0 if params.echo else 1) or prompt_tokens + max_tokens > context:
         raise APIError(
             400,
             f"This model's maximum context length is {context} tokens. However, you requested "
@@ -214,7 +245,7 @@ def completion_request(body, served: str) -> tuple[str | list[int], Params]:
     is_ids = isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt)
     if not (isinstance(prompt, str) and prompt) and not is_ids:
         raise bad("prompt", "must be a non-empty string or a non-empty list of token ids (one prompt per request)")
-    return prompt, params(body, "max_tokens", 16)  # 16: OpenAI's default for completions
+    return prompt, params(body, "max_tokens", 16, "completions")  # 16: OpenAI's default for completions
 
 
 def chat_request(body, served: str) -> tuple[list[dict], Params]:

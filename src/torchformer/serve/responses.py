@@ -1,11 +1,15 @@
 """Response and stream-chunk bodies, shaped as the OpenAI API (``text_completion``,
 ``chat.completion``, ``chat.completion.chunk``): one id and ``created`` per request, the same
-id on every chunk, ``finish_reason`` "stop" or "length", usage with total_tokens."""
+id on every chunk, ``finish_reason`` "stop" or "length", usage with total_tokens (the prompt
+counted once, the completion tokens of all n choices), each choice with its ``index``."""
 
 from __future__ import annotations
 
 import time
 import uuid
+
+from .jobs import Delta, Done, Prompt
+from .logprob_shapes import ChatLogprobs, CompletionLogprobs, TokenText
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -16,21 +20,47 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
+class Choice:
+    """One choice of a full (not streamed) answer, gathered from its events."""
+
+    def __init__(self, index: int, logprobs) -> None:
+        self.index, self.logprobs = index, logprobs  # a ChatLogprobs / CompletionLogprobs, or None
+        self.text: list[str] = []
+        self.tokens: list[int] = []
+        self.done: Done | None = None
+
+    def add(self, event, echo: str) -> None:
+        if isinstance(event, Prompt):
+            self.text.append(echo)
+        elif isinstance(event, Delta):
+            self.text.append(event.text)
+            self.tokens.extend(event.token_ids)
+        else:
+            self.done = event
+        if self.logprobs is not None and isinstance(event, Prompt | Delta):
+            self.logprobs.add(event.logprobs)
+
+
 class CompletionShape:
     """/v1/completions: choices carry ``text``."""
 
     object, chunk_object, prefix = "text_completion", "text_completion", "cmpl"
+    logprobs_class = CompletionLogprobs
 
-    def __init__(self, model: str, prompt_ids: list[int], return_token_ids: bool) -> None:
+    def __init__(self, model: str, prompt_ids: list[int], return_token_ids: bool, text_of: TokenText = str) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model, self.prompt_ids, self.return_token_ids = model, prompt_ids, return_token_ids
+        self.text_of = text_of  # a token id's text, for logprobs
 
     def head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def choice(self, text: str, finish_reason: str | None, token_ids: list[int] | None) -> dict:
-        out = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def new_logprobs(self):
+        return self.logprobs_class(self.text_of)
+
+    def choice(self, index: int, text: str, finish_reason: str | None, token_ids, logprobs: dict | None) -> dict:
+        out = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.with_ids(out, token_ids)
 
     def with_ids(self, choice: dict, token_ids: list[int] | None) -> dict:
@@ -38,19 +68,30 @@ class CompletionShape:
             choice["token_ids"] = token_ids  # extension, as vLLM's return_token_ids
         return choice
 
-    def full(self, text: str, finish_reason: str, token_ids: list[int], use: dict) -> dict:
-        body = {**self.head(self.object), "choices": [self.choice(text, finish_reason, token_ids)], "usage": use}
+    def full(self, choices: list[Choice], use: dict) -> dict:
+        out = [
+            self.choice(
+                c.index,
+                "".join(c.text),
+                c.done.finish_reason,
+                c.tokens,
+                None if c.logprobs is None else c.logprobs.full(),
+            )
+            for c in choices
+        ]
+        body = {**self.head(self.object), "choices": out, "usage": use}
         if self.return_token_ids:
             body["prompt_token_ids"] = self.prompt_ids
         return body
 
-    def chunk(self, text: str, token_ids: list[int] | None, finish_reason: str | None, include_usage: bool) -> dict:
-        body = {**self.head(self.chunk_object), "choices": [self.choice(text, finish_reason, token_ids)]}
+    def chunk(self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None) -> dict:
+        choice = self.choice(index, text, finish_reason, token_ids, logprobs)
+        body = {**self.head(self.chunk_object), "choices": [choice]}
         if include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
         return body
 
-    def first(self, include_usage: bool) -> dict | None:
+    def first(self, index: int, include_usage: bool) -> dict | None:
         return None  # completions have no opening chunk
 
     def usage_chunk(self, use: dict) -> dict:
@@ -61,30 +102,27 @@ class ChatShape(CompletionShape):
     """/v1/chat/completions: choices carry ``message`` (full) or ``delta`` (chunks)."""
 
     object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+    logprobs_class = ChatLogprobs
 
-    def choice(self, text: str, finish_reason: str | None, token_ids: list[int] | None) -> dict:
+    def choice(self, index: int, text: str, finish_reason: str | None, token_ids, logprobs: dict | None) -> dict:
         message = {"role": "assistant", "content": text, "refusal": None}
-        return self.with_ids(
-            {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}, token_ids
-        )
+        out = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return self.with_ids(out, token_ids)
 
-    def chunk(self, text: str, token_ids: list[int] | None, finish_reason: str | None, include_usage: bool) -> dict:
+    def chunk(self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None) -> dict:
         delta = {"content": text} if text or finish_reason is None else {}
-        choice = self.with_ids(
-            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}, token_ids
-        )
-        body = {**self.head(self.chunk_object), "choices": [choice]}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        body = {**self.head(self.chunk_object), "choices": [self.with_ids(choice, token_ids)]}
         if include_usage:
             body["usage"] = None
         return body
 
-    def first(self, include_usage: bool) -> dict | None:
-        # OpenAI opens a chat stream with the role and empty content.
+    def first(self, index: int, include_usage: bool) -> dict | None:
+        # OpenAI opens a chat stream with the role and empty content (per choice).
+        delta = {"role": "assistant", "content": ""}
         body = {
             **self.head(self.chunk_object),
-            "choices": [
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            ],
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
         }
         if include_usage:
             body["usage"] = None

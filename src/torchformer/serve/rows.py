@@ -32,11 +32,12 @@ PREFILL_TOKENS = 2048  # padded tokens in one batched prefill: bounds its activa
 PAD_SLACK = 64  # pad tokens a batched prefill may add beyond a quarter of its real ones
 
 
-def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]]) -> Tensor:
+def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
     """Run prompts into rows start..start+b-1 of the cache in one forward: logits (b, V) for each
-    one's first new token. Shorter prompts are right-padded; the pad tokens' attention_mask is 0,
-    so their keys go to the hidden slot and each row ends as its own prefill would leave it (its
-    queries see only its own slots at positions <= theirs)."""
+    one's first new token, and the hidden states (b, T, D) (prompt logprobs read them). Shorter
+    prompts are right-padded; the pad tokens' attention_mask is 0, so their keys go to the hidden
+    slot and each row ends as its own prefill would leave it (its queries see only its own slots
+    at positions <= theirs)."""
     b, T = len(prompts), max(map(len, prompts))
     view = rows_view(cache, start, start + b, span(T, cache.max_len))
     device = cache.layers[0].k.device
@@ -47,7 +48,16 @@ def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]]) ->
         mask = torch.tensor([[1] * len(p) + [0] * (T - len(p)) for p in prompts], device=device)  # (b, T)
     hidden = model.hidden(ids, pos, mask, view)  # (b, T, D)
     last = torch.tensor([len(p) - 1 for p in prompts], device=device)  # (b,)
-    return model.lm_head(hidden[torch.arange(b, device=device), last])  # (b, V), as steps.prefill does
+    return model.lm_head(hidden[torch.arange(b, device=device), last]), hidden  # (b, V), as steps.prefill does
+
+
+def copy_row(cache: KVCache, src: int, dst: int, length: int) -> None:
+    """Row ``dst`` holds what row ``src`` holds at slots 0..length-1: a prompt prefilled once
+    serves the n choices of a request (the rest of dst's slots stay invisible: module docstring
+    of engine.py)."""
+    for layer in cache.layers:
+        layer.k[dst, :, :length] = layer.k[src, :, :length]
+        layer.v[dst, :, :length] = layer.v[src, :, :length]
 
 
 def prefill_batches(admitted: list[tuple[int, list[int]]]) -> list[list[int]]:
