@@ -176,3 +176,10 @@ def llama_greedy(path: Path, ids: list[int], n: int) -> list[int]:
         out.append(nxt)
         llm.eval([nxt])
     return out
+
+
+def llama_tokenize(path: Path, text: str, add_bos: bool) -> list[int]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    return llm.tokenize(text.encode(), add_bos=add_bos, special=False)

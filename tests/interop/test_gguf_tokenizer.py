@@ -1,0 +1,28 @@
+"""The tokenizer rebuilt from a GGUF file's tokenizer.ggml.* metadata encodes a fixed multilingual
+text set exactly as llama.cpp's Llama.tokenize does on the same file, and decodes back; BOS and
+the chat template come along (issue 29)."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchformer.interop.gguf.tokenizer import chat_template_from_gguf, tokenizer_from_gguf
+
+from .gguf_llamacpp import CHAT, TEXTS, gguf_file, llama_tokenize
+
+pytest.importorskip("llama_cpp", reason="make test builds llama-cpp-python (the engines extra)")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_byte_level_bpe_encodes_as_llama_cpp_and_decodes_back(family):
+    path = gguf_file(family)
+    tok = tokenizer_from_gguf(path)
+    for text in TEXTS:
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert ids == llama_tokenize(path, text, add_bos=False), text
+        assert tok.decode(ids) == text
+        assert tok.encode(text).ids == llama_tokenize(path, text, add_bos=True), text
+
+
+def test_chat_template_and_special_token_texts_come_from_the_file():
+    assert chat_template_from_gguf(gguf_file("llama")) == (CHAT, "<s>", "</s>")
