@@ -34,8 +34,10 @@ SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch
 
 
 def model_kind(spec: str | os.PathLike) -> str:
-    """'torchformer', 'hf' or 'preset' for a path or name; ValueError when it is none of them."""
+    """'torchformer', 'hf', 'gguf' or 'preset' for a path or name; ValueError when it is none of them."""
     path = Path(spec)
+    if path.suffix == ".gguf" and path.is_file():  # llama.cpp's single-file format (interop/gguf)
+        return "gguf"
     if path.is_dir():
         config = path / CONFIG_FILE
         if not config.is_file():
@@ -46,7 +48,8 @@ def model_kind(spec: str | os.PathLike) -> str:
     if str(spec) in presets.names():
         return "preset"
     raise ValueError(
-        f"model {str(spec)!r} is neither a folder (torchformer checkpoint or Hugging Face model) nor a preset; "
+        f"model {str(spec)!r} is neither a folder (torchformer checkpoint or Hugging Face model), a .gguf file "
+        "nor a preset; "
         f"presets: {presets.names()}. Hub ids are not downloaded: pass a local folder."
     )
 
@@ -66,6 +69,10 @@ def load_any(
 
         # Converted tensor by tensor as they are read: no full-size copy in the stored dtype.
         return from_hf(spec, dtype=dtype).to(device).eval()
+    elif kind == "gguf":
+        from .interop.gguf import from_gguf
+
+        return from_gguf(spec, dtype=dtype or torch.float32, device=device)
     else:
         torch.manual_seed(seed)
         model = build_model(presets.get(str(spec))).to(device).eval()
@@ -118,6 +125,10 @@ def model_config(spec: str | os.PathLike) -> ModelConfig:
         from .interop import config_from_hf
 
         return config_from_hf(spec)
+    if kind == "gguf":
+        from .interop.gguf import config_from_gguf
+
+        return config_from_gguf(spec)
     return presets.get(str(spec))
 
 
@@ -128,6 +139,8 @@ def stored_dtype(spec: str | os.PathLike) -> torch.dtype:
     kind = model_kind(spec)
     if kind == "preset":
         return torch.get_default_dtype()
+    if kind == "gguf":
+        return torch.float32  # from_gguf's default: llama.cpp's CPU compute precision
     if kind == "hf":
         from .interop.hf import read_hf_config
         from .interop.hf_config import config_dtype
@@ -144,7 +157,12 @@ def stored_dtype(spec: str | os.PathLike) -> torch.dtype:
 
 
 def load_tokenizer(path: str | os.PathLike):
-    """The Hugging Face ``tokenizers.Tokenizer`` saved as tokenizer.json in folder ``path``."""
+    """The Hugging Face ``tokenizers.Tokenizer`` saved as tokenizer.json in folder ``path``, or
+    rebuilt from a .gguf file's metadata."""
+    if Path(path).suffix == ".gguf" and Path(path).is_file():
+        from .interop.gguf.tokenizer import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(path)
     file = Path(path) / TOKENIZER_FILE
     if not file.is_file():
         raise FileNotFoundError(f"no {TOKENIZER_FILE} in {path}")
@@ -153,3 +171,9 @@ def load_tokenizer(path: str | os.PathLike):
         return tokenizers.Tokenizer.from_file(str(file))
     except Exception as err:  # the Rust side raises a bare Exception ("key must be a string at line 1 ...")
         raise ValueError(f"{file}: not a tokenizer.json the tokenizers library can read ({one_line(err)})") from None
+
+
+def has_tokenizer(spec: str | os.PathLike) -> bool:
+    """Whether ``load_tokenizer(spec)`` has something to read: a folder's tokenizer.json or a .gguf file."""
+    path = Path(spec)
+    return (path.suffix == ".gguf" and path.is_file()) or (path / TOKENIZER_FILE).is_file()
