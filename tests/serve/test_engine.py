@@ -19,7 +19,7 @@ from torchformer.serve.protocol import APIError, Params
 GRID = variants(("decoder",))
 
 
-def options(max_tokens, temperature=0.0, seed=None, stop=(), **sampling) -> Params:
+def options(max_tokens, temperature=0.0, seed=None, stop=(), n=1, logprobs=None, echo=False, **sampling) -> Params:
     s = sampling_options(
         temperature,
         sampling.get("top_k"),
@@ -28,7 +28,7 @@ def options(max_tokens, temperature=0.0, seed=None, stop=(), **sampling) -> Para
         sampling.get("repetition_penalty", 1.0),
         0,
     )
-    return Params(max_tokens, s, seed, tuple(stop), False, False, False)
+    return Params(max_tokens, s, seed, tuple(stop), False, False, False, n, logprobs, echo)
 
 
 class Collect:
