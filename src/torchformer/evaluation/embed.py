@@ -101,14 +101,20 @@ def embed(
     limit = min(settings["max_length"] or model.config.max_seq_len, model.config.max_seq_len)
     tokenizer.no_padding()  # a folder's tokenizer.json may pad every input to a fixed width
     tokenizer.no_truncation()
-    pool, out = POOLINGS[settings["pooling"]], []
+    rows = [e.ids[:limit] for e in tokenizer.encode_batch(texts)]
+    return embed_ids(model, rows, pooling=settings["pooling"], normalize=settings["normalize"], batch_size=batch_size)
+
+
+def embed_ids(model: nn.Module, rows: list[list[int]], *, pooling: str, normalize: bool, batch_size: int) -> Tensor:
+    """(len(rows), D) embeddings of token-id rows, as ``embed`` makes them from its texts' ids
+    (the server's /v1/embeddings takes ids too)."""
+    pool, out = POOLINGS[pooling], []
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     with torch.no_grad():
-        for i in range(0, len(texts), batch_size):
-            rows = [e.ids[:limit] for e in tokenizer.encode_batch(texts[i : i + batch_size])]
-            ids, mask = _pad(rows, pad, next(model.parameters()).device)
+        for i in range(0, len(rows), batch_size):
+            ids, mask = _pad(rows[i : i + batch_size], pad, next(model.parameters()).device)
             pooled = pool(model(ids, attention_mask=mask), mask)  # (B, D)
-            out.append(F.normalize(pooled, dim=-1) if settings["normalize"] else pooled)
+            out.append(F.normalize(pooled, dim=-1) if normalize else pooled)
     return torch.cat(out)
 
 
