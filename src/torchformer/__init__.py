@@ -28,6 +28,7 @@ from .config import (
 from .evaluation import embed
 from .generation import beam_search, generate, stream
 from .interop import from_hf, to_hf
+from .interop.gguf import from_gguf
 from .loading import load_any, load_tokenizer
 from .models.build import build_model
 from .models.decoder import DecoderLM
@@ -69,6 +70,7 @@ __all__ = [
     "flops_per_token",
     "kv_cache_bytes",
     "generate",
+    "from_gguf",
     "from_hf",
     "load",
     "load_any",

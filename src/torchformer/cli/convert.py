@@ -1,4 +1,4 @@
-"""`torchformer convert`: Hugging Face folder <-> torchformer checkpoint."""
+"""`torchformer convert`: Hugging Face folder <-> torchformer checkpoint; GGUF file -> Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--from-hf", metavar="DIR", help="a local Hugging Face model folder to read")
     source.add_argument("--to-hf", metavar="CKPT", help="a torchformer checkpoint folder (or preset name) to export")
+    source.add_argument("--from-gguf", metavar="FILE", help="a .gguf file to write as a Hugging Face folder")
     p.add_argument(
         "--out",
         required=True,
@@ -40,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
     torchformer convert --from-hf HF_DIR --out CKPT    HF folder -> torchformer checkpoint
     torchformer convert --to-hf CKPT --out HF_DIR      torchformer checkpoint -> HF folder
     torchformer convert --from-hf HF_DIR --out CKPT --quantize int8   ... saved weight-only int8
+    torchformer convert --from-gguf FILE.gguf --out HF_DIR  GGUF -> HF folder (float32, quantized
+                                                       types dequantized; tokenizer.json from its metadata)
 
     tokenizer.json is copied along when the source folder has one. Nothing is downloaded. An
     existing --out is replaced only when it is empty or a model folder of the kind written (its
@@ -53,8 +56,16 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantize {args.quantize} works with --from-hf (HF folders hold float weights)")
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
-    check_out(args.from_hf or args.to_hf, args.out)
-    if args.from_hf is not None:
+    check_out(args.from_hf or args.to_hf or args.from_gguf, args.out)
+    if args.from_gguf is not None:
+        from ..interop.gguf import from_gguf
+        from ..interop.gguf.tokenizer import tokenizer_from_gguf
+
+        model = from_gguf(args.from_gguf, quantized=False)  # an HF folder holds float weights
+        text = tokenizer_from_gguf(args.from_gguf).to_str()
+        out = to_hf(model, args.out, model_type=args.model_type, tokenizer=text, force=args.force)
+        kind = "Hugging Face folder"
+    elif args.from_hf is not None:
         model = from_hf(args.from_hf, rope_pairing=args.rope_pairing, strict=not args.no_strict)
         n_params = sum(p.numel() for p in model.parameters())
         if args.quantize is not None:

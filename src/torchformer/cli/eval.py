@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..loading import TOKENIZER_FILE, cast, load_any, load_tokenizer
+from ..loading import TOKENIZER_FILE, cast, has_tokenizer, load_any, load_tokenizer
 from .options import add_dtype, dtype_of
 
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"--data {args.data!r}: no such file")
     if not isinstance(args.batch_size, int) or args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size}: must be >= 1")
-    if not (Path(args.model) / TOKENIZER_FILE).is_file():
+    if not has_tokenizer(args.model):
         raise ValueError(f"{args.model}: no {TOKENIZER_FILE} beside the model; eval needs it to read --data")
     text = read_utf8(data)  # a file that is not UTF-8 is named with the byte offset, before the model loads
     model, tok = load_any(args.model, dtype=dtype), load_tokenizer(args.model)

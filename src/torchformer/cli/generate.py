@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..generation.generate import stream
-from ..loading import TOKENIZER_FILE, load_any, load_tokenizer
+from ..loading import TOKENIZER_FILE, has_tokenizer, load_any, load_tokenizer
 from ..models.quantize import quantize
 from .options import add_dtype, dtype_of
 
@@ -53,7 +53,7 @@ def parse_ids(text: str) -> list[int]:
 
 def tokenizer_for(spec: str, needed: bool):
     folder = Path(spec)
-    if (folder / TOKENIZER_FILE).is_file():
+    if has_tokenizer(folder):  # a folder's tokenizer.json or a .gguf file's own
         return load_tokenizer(folder)
     if needed:
         raise ValueError(f"--prompt needs a {TOKENIZER_FILE} in the checkpoint folder; {spec} has none: use --ids")

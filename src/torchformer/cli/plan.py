@@ -40,19 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_of(spec: str) -> ModelConfig:
-    """The config of a checkpoint, HF folder or preset, without loading any weights."""
-    from ..loading import model_kind
+    """The config of a checkpoint, HF folder, .gguf file or preset, without loading any weights."""
+    from ..loading import model_config
 
-    kind = model_kind(spec)
-    if kind == "preset":
-        return presets.get(spec)
-    if kind == "hf":
-        from ..interop import config_from_hf
-
-        return config_from_hf(spec)
-    from ..models.saving import load_config
-
-    return load_config(spec)
+    return model_config(spec)
 
 
 def peak_flops(text: str) -> float:

@@ -12,7 +12,15 @@ from pathlib import Path
 import torch
 
 from ..extras import MissingExtra
-from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind, stored_dtype
+from ..loading import (
+    TOKENIZER_FILE,
+    has_tokenizer,
+    load_any,
+    load_tokenizer,
+    model_config,
+    model_kind,
+    stored_dtype,
+)
 from ..models.saving import one_line
 from ..serve.model_len import ModelLen, choose, free_memory
 from .options import add_dtype, dtype_of
@@ -101,6 +109,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def gguf_chat_template(path: str):
+    """A .gguf file's tokenizer.chat_template with its BOS/EOS texts (None when it has none)."""
+    from ..interop.gguf.tokenizer import chat_template_from_gguf
+    from ..serve.chat import ChatTemplate
+
+    source, bos, eos = chat_template_from_gguf(path)
+    return None if not source else ChatTemplate(source, bos, eos)
+
+
 def server_modules():
     try:
         from ..serve.app import create_app
@@ -185,11 +202,11 @@ def run(args: argparse.Namespace) -> int:
     kind = model_kind(args.model)  # a bad MODEL fails here, before the server starts
     length = max_model_len(args, dtype)  # and a context that cannot be served
     folder = Path(args.model) if kind != "preset" else None
-    tokenizer = load_tokenizer(folder) if folder is not None and (folder / TOKENIZER_FILE).is_file() else None
+    tokenizer = load_tokenizer(folder) if folder is not None and has_tokenizer(folder) else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if tokenizer is None:
         log.warning("%s has no %s: serving token ids only (prompts as lists of ids)", args.model, TOKENIZER_FILE)
-    chat = load_chat_template(folder)
+    chat = gguf_chat_template(args.model) if kind == "gguf" else load_chat_template(folder)
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions answers 400", args.model)
     log.info("%s", length.line)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ...extras import require
 
 logger = logging.getLogger(__name__)
@@ -64,7 +66,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError, EOFError) as err:
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {err}") from None
-    meta = {key: field.contents() for key, field in reader.fields.items()}
+    meta = {key: _value(field, gguf) for key, field in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
     count = meta.get("GGUF.tensor_count")
     if count != len(reader.tensors) or len(tensors) != len(reader.tensors):
@@ -77,6 +79,15 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     if bad:
         raise ValueError(f"{path}: tensor types {bad} are not supported; supported: {list(SUPPORTED_TYPES)}")
     return GGUFFile(path, meta, tensors)
+
+
+def _value(field, gguf):
+    """A field's value; a float32 scalar as the shortest decimal that is the same float32 (the
+    converter wrote 1e-05, not 9.999999747378752e-06: configs compare equal to the source's)."""
+    value = field.contents()
+    if field.types == [gguf.GGUFValueType.FLOAT32]:
+        return float(str(np.float32(value)))
+    return value
 
 
 def _check_extent(path: Path, reader) -> None:

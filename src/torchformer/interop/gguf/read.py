@@ -63,14 +63,23 @@ def config_from_gguf(path: str | os.PathLike) -> ModelConfig:
     return _plan(path)[3]
 
 
-def from_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def from_gguf(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    quantized: bool = True,
+):
     """A torchformer model with the weights of the GGUF file ``path``, in eval mode.
 
     F32/F16/BF16 tensors load as floats in ``dtype`` (default float32, the precision llama.cpp
     computes in on a CPU); Q4_0 projections load into Int4Linear (group 32, the file's bytes, no
-    float copy); other quantized types are dequantized to ``dtype`` at load (logged). Any problem
-    with the file is one ValueError before a weight is read.
+    float copy); other quantized types are dequantized to ``dtype`` at load (logged).
+    quantized=False dequantizes Q4_0 too (a float model, e.g. to write a Hugging Face folder). Any
+    problem with the file is one ValueError before a weight is read.
     """
+    if not isinstance(quantized, bool):
+        raise TypeError(f"quantized={quantized!r}: must be True or False")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype={dtype!r}: must be a floating torch.dtype (float32, bfloat16, float16)")
     f, hf, family, cfg = _plan(path)
@@ -85,7 +94,7 @@ def from_gguf(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32, de
         g = names[hf_name]
         return undo.get(g, lambda t: t)(raw_rows(f, g))
 
-    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype)
+    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype) if quantized else {}
     rest = [n for n in theirs if n not in quantized]
     state = keymap.to_ours(rest, lambda n: float_tensor(f, names[n], rows(n), dtype)).tensors
     assert set(state) | {k for ks in quantized.values() for k in ks} == set(ours), "a tensor was left unloaded"

@@ -1,0 +1,62 @@
+"""Every command that takes a model takes a .gguf file (issue 29): convert --from-gguf writes a
+Hugging Face folder equal to the one llama.cpp's converter read; generate, plan, verify and eval
+run on the file with its own tokenizer; serve does chat with the file's chat template."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+import torchformer as tfm
+from torchformer.cli.main import main
+from torchformer.interop import from_hf
+
+from .gguf_llamacpp import TEXTS, gguf_file, hf_folder
+
+
+def test_convert_from_gguf_gives_back_the_hf_weights(tmp_path):
+    out = tmp_path / "hf"
+    assert main(["convert", "--from-gguf", str(gguf_file("llama")), "--out", str(out)]) == 0
+    original, back = from_hf(hf_folder("llama")), from_hf(out)
+    a, b = original.state_dict(), back.state_dict()
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)  # q/k permutation undone exactly
+    # Llama 3's RoPE scaling comes back as its per-frequency divisors (the file's rope_freqs, float32)
+    assert back.config == original.config.replace(positions=back.config.positions)
+    ids = torch.tensor([[1, 40, 77, 300, 12]])
+    with torch.no_grad():
+        assert (original(ids) - back(ids)).abs().max() < 1e-5
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "BPE"
+
+
+def test_generate_plan_verify_eval_on_a_gguf_file(tmp_path, capsys):
+    path = str(gguf_file("llama-tied"))
+    assert main(["generate", path, "--prompt", "Hello world", "--max-new-tokens", "6"]) == 0
+    printed = capsys.readouterr().out
+    model, tok = tfm.from_gguf(path), tfm.load_tokenizer(path)
+    prompt = tok.encode("Hello world").ids
+    new = tfm.generate(model, torch.tensor([prompt]), max_new_tokens=6)[0, len(prompt) :].tolist()
+    assert tok.decode(new) in printed
+    assert main(["plan", path]) == 0 and "2 layers" in capsys.readouterr().out
+    assert main(["verify", path]) == 0
+    capsys.readouterr()
+    data = tmp_path / "text.txt"
+    data.write_text("\n".join(TEXTS))
+    assert main(["eval", path, "--data", str(data)]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["model"] == path
+
+
+def test_serve_a_gguf_file_does_chat():
+    from tests.serve.conftest import client
+    from tests.serve.test_cli import ready, start, stop
+
+    proc, lines = start([str(gguf_file("llama")), "--slots", "1", "--served-model-name", "g"])
+    try:
+        out = client(ready(proc, lines)).chat.completions.create(
+            model="g", messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
+    finally:
+        stop(proc)
+    tok = tfm.load_tokenizer(gguf_file("llama"))
+    assert out.usage.completion_tokens == 3
+    assert out.usage.prompt_tokens == len(tok.encode("<|user|>hi<|assistant|>").ids)  # the file's template
