@@ -91,9 +91,17 @@ def _value(field, gguf):
 
 
 def _check_extent(path: Path, reader) -> None:
-    """Every tensor's bytes inside the file (numpy's memmap of a truncated file can end short)."""
-    size = path.stat().st_size
+    """Every tensor's bytes inside the file (numpy's memmap of a truncated file can end short), and
+    no more than alignment padding after the last: a header counting fewer tensors than the file
+    holds shifts every offset, which shows as bytes left over."""
+    size, last = path.stat().st_size, 0
     for t in reader.tensors:
         end = t.data_offset + int(t.n_bytes)
         if end > size or t.data.nbytes != int(t.n_bytes):
             raise ValueError(f"{path} is truncated: tensor {t.name!r} needs bytes up to {end}, the file has {size}")
+        last = max(last, end)
+    if size - last >= reader.alignment:
+        raise ValueError(
+            f"{path}: {size - last} bytes follow the last tensor; the header's tensor_count="
+            f"{len(reader.tensors)} is less than the tensors the file holds (or the file is corrupt)"
+        )

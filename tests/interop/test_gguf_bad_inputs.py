@@ -1,0 +1,116 @@
+"""A bad GGUF file is one ValueError naming what is wrong, the value and what is allowed, raised
+before any weight is read (issue 29). Files are llama.cpp's converter's output, rewritten with
+the gguf package's writer with one thing changed; no llama-cpp-python needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from torchformer.interop.gguf import from_gguf, read
+from torchformer.loading import model_kind
+
+from .gguf_llamacpp import gguf_file
+
+gguf = pytest.importorskip("gguf")
+
+
+def rewrite(dst, *, meta=None, drop=(), retype=None):
+    """The llama F32 file with metadata values replaced (meta), tensors dropped, or one tensor
+    stored as another type (retype: (name, GGMLQuantizationType) with bytes of the right size)."""
+    src = gguf.GGUFReader(gguf_file("llama"))
+    meta = meta or {}
+    out = gguf.GGUFWriter(dst, meta.get("general.architecture", "llama"))
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if len(field.types) > 1 else None
+        out.add_key_value(key, meta.get(key, field.contents()), field.types[0], sub_type=sub)
+    for t in src.tensors:
+        if t.name in drop:
+            continue
+        data = np.array(t.data)
+        if retype is not None and retype[0] == t.name:
+            block, size = gguf.GGML_QUANT_SIZES[retype[1]]
+            raw = np.zeros((data.shape[0], data.shape[1] // block * size), dtype=np.uint8)
+            out.add_tensor(t.name, raw, raw_dtype=retype[1])
+        else:
+            out.add_tensor(t.name, data)
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+    return dst
+
+
+@pytest.fixture
+def no_reads(monkeypatch):
+    """Fails the test if a weight is read (the checks come first, nothing is half-loaded)."""
+
+    def refuse(*args):
+        raise AssertionError("a weight was read before the file was checked")
+
+    monkeypatch.setattr(read, "raw_rows", refuse)
+
+
+def test_the_rewritten_file_loads(tmp_path):
+    assert from_gguf(rewrite(tmp_path / "same.gguf")).config.n_layers == 2  # the helper itself is sound
+
+
+def test_unsupported_architecture_names_the_supported(tmp_path, no_reads):
+    path = rewrite(tmp_path / "a.gguf", meta={"general.architecture": "mamba"})
+    with pytest.raises(ValueError, match=r"general.architecture='mamba' is not supported; supported: \['llama'"):
+        from_gguf(path)
+
+
+def test_unsupported_tensor_type_names_the_supported(tmp_path, no_reads):
+    path = rewrite(tmp_path / "t.gguf", retype=("blk.0.ffn_up.weight", gguf.GGMLQuantizationType.IQ4_NL))
+    with pytest.raises(ValueError, match=r"tensor types \['IQ4_NL'\] are not supported; supported: \['F32'"):
+        from_gguf(path)
+
+
+def test_truncated_file(tmp_path, no_reads):
+    whole = gguf_file("llama").read_bytes()
+    path = tmp_path / "cut.gguf"
+    path.write_bytes(whole[: len(whole) - 1000])
+    with pytest.raises(ValueError, match="truncated"):
+        from_gguf(path)
+    path.write_bytes(whole[:100])  # inside the metadata
+    with pytest.raises(ValueError, match="not a readable GGUF file"):
+        from_gguf(path)
+
+
+@pytest.mark.parametrize(
+    "meta, message",
+    [
+        ({"llama.embedding_length": 128}, r"token_embd.weight is \(384, 256\), the metadata says"),
+        ({"llama.block_count": 3}, r"block_count=3 but the file holds blocks 0..1"),
+        ({"llama.attention.head_count_kv": 4}, r"'blk.0.attn_k.weight' has shape \(128, 256\).*implies \(256, 256\)"),
+    ],
+)
+def test_metadata_contradicting_the_tensors(tmp_path, no_reads, meta, message):
+    with pytest.raises(ValueError, match=message):
+        from_gguf(rewrite(tmp_path / "m.gguf", meta=meta))
+
+
+def test_a_missing_tensor_is_named(tmp_path, no_reads):
+    with pytest.raises(ValueError, match=r"missing tensor 'blk.1.ffn_down.weight'"):
+        from_gguf(rewrite(tmp_path / "d.gguf", drop=("blk.1.ffn_down.weight",)))
+
+
+@pytest.mark.parametrize(
+    "delta, message", [(1, "not a readable GGUF file"), (-1, "bytes follow the last tensor; the header's tensor_count")]
+)
+def test_a_tensor_count_the_header_does_not_match(tmp_path, no_reads, delta, message):
+    whole = gguf_file("llama").read_bytes()
+    count = int.from_bytes(whole[8:16], "little")  # magic, version, then the tensor count (u64)
+    path = tmp_path / "n.gguf"
+    path.write_bytes(whole[:8] + (count + delta).to_bytes(8, "little") + whole[16:])
+    with pytest.raises(ValueError, match=message):
+        from_gguf(path)
+
+
+def test_a_gguf_path_is_a_model_kind_and_a_missing_one_is_not(tmp_path):
+    assert model_kind(gguf_file("llama")) == "gguf"
+    with pytest.raises(ValueError, match=r"\.gguf file"):
+        model_kind(tmp_path / "absent.gguf")
