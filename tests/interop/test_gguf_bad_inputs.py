@@ -99,7 +99,8 @@ def test_a_missing_tensor_is_named(tmp_path, no_reads):
 
 
 @pytest.mark.parametrize(
-    "delta, message", [(1, "not a readable GGUF file"), (-1, "bytes follow the last tensor; the header's tensor_count")]
+    "delta, message",
+    [(1, "counts more tensors than the file describes|not a readable GGUF file"), (-1, "bytes follow the last tensor")],
 )
 def test_a_tensor_count_the_header_does_not_match(tmp_path, no_reads, delta, message):
     whole = gguf_file("llama").read_bytes()

@@ -69,6 +69,12 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     meta = {key: _value(field, gguf) for key, field in reader.fields.items()}
     tensors = {t.name: t for t in reader.tensors}
     count = meta.get("GGUF.tensor_count")
+    unnamed = [i for i, t in enumerate(reader.tensors) if not t.name.isprintable() or not t.name.strip()]
+    if unnamed:  # a header counting more tensors than written reads the data's bytes as descriptions
+        raise ValueError(
+            f"{path}: the header's tensor_count={count} counts more tensors than the file describes "
+            f"(tensor {unnamed[0]} has no valid name)"
+        )
     if count != len(reader.tensors) or len(tensors) != len(reader.tensors):
         raise ValueError(
             f"{path}: the header says tensor_count={count}, the file holds {len(reader.tensors)} tensors "
