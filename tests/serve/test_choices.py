@@ -14,7 +14,7 @@ import torch
 import torchformer as tfm
 from tests.serve.conftest import NAME, client, make_engine
 from tests.serve.test_engine import Collect, options
-from torchformer.serve import engine as engine_module
+from torchformer.serve import scheduler as engine_module
 from torchformer.serve.jobs import Delta, Done
 from torchformer.serve.protocol import APIError
 

@@ -131,7 +131,7 @@ TOGETHER = [
 
 @pytest.mark.parametrize("v", **params(GRID))
 def test_requests_arriving_together_are_prefilled_in_one_batch_and_each_equals_generate(v, monkeypatch):
-    import torchformer.serve.engine as engine_module
+    import torchformer.serve.scheduler as engine_module
 
     model = build(v, seed=5)
     g = torch.Generator().manual_seed(13)
@@ -186,7 +186,7 @@ def test_a_request_failing_to_start_leaves_its_batch_mates_exact(tiny, monkeypat
 
 
 def test_a_failing_batched_prefill_fails_its_requests_and_the_engine_goes_on(tiny, monkeypatch):
-    import torchformer.serve.engine as engine_module
+    import torchformer.serve.scheduler as engine_module
 
     real, calls = engine_module.prefill_rows, []
 

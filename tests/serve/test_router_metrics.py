@@ -1,9 +1,13 @@
 """Issue 27 item 7: the gauges routers scrape on /metrics (running, waiting, KV-cache usage,
-prefix-cache tokens), read while a request runs and after it ends."""
+prefix-cache tokens), read while the engine is held after a known number of decode steps, and
+after the requests end."""
 
 from __future__ import annotations
 
-from tests.serve.conftest import NAME, client, httpx
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.serve.conftest import NAME, client, httpx, wait_until
 
 P = "torchformer_serve"
 
@@ -14,25 +18,36 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if not line.startswith("#")}
 
 
-def test_gauges_while_a_request_runs_and_after(server):
+def test_gauges_while_requests_run_and_wait(server, monkeypatch):
     engine, url = server
     before = scrape(url)
     assert before[f"{P}_kv_cache_usage_perc"] == 0 and before[f"{P}_requests_running"] == 0
-    prompt, new = list(range(10, 22)), 20  # 12 prompt tokens
-    capacity = 4 * engine.context  # slots x max-model-len
-    stream = client(url).completions.create(
-        model=NAME, prompt=prompt, max_tokens=new, temperature=0, stream=True, extra_body={"return_token_ids": True}
-    )
-    seen = 0
-    for chunk in stream:  # every token is a chunk (return_token_ids)
-        seen += len(getattr(chunk.choices[0], "token_ids", None) or [])  # none on the finish chunk
-        if seen == 3:
+    held, go, real, steps = threading.Event(), threading.Event(), engine.step, [0]
+
+    def step():  # hold the engine after its third decode step
+        real()
+        steps[0] += 1
+        if steps[0] == 3:
+            held.set()
+            go.wait(10)
+
+    monkeypatch.setattr(engine, "step", step)
+    prompt = list(range(10, 22))  # 12 tokens
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            first = pool.submit(client(url).completions.create, model=NAME, prompt=prompt, max_tokens=20, temperature=0)
+            assert held.wait(10)
+            # Four choices need four rows; one of the server's four is busy: the request waits.
+            second = pool.submit(client(url).completions.create, model=NAME, prompt=[5, 6], n=4, max_tokens=2)
+            wait_until(lambda: len(engine.waiting) == 1, what="the second request to wait")
             during = scrape(url)
-    assert seen == new
-    assert during[f"{P}_requests_running"] == 1 and during[f"{P}_requests_queued"] == 0
-    # The row holds the prompt and at least the 3 tokens received, at most all 20.
-    assert (12 + 3 - 1) / capacity <= during[f"{P}_kv_cache_usage_perc"] <= (12 + new) / capacity
+        finally:
+            go.set()
+        assert len(first.result().choices) == 1 and len(second.result().choices) == 4
+    assert during[f"{P}_requests_running"] == 1 and during[f"{P}_requests_queued"] == 1
+    # One row holds the prompt and 4 tokens (1 from the prefill, 3 steps) of 4 x max-model-len positions.
+    assert during[f"{P}_kv_cache_usage_perc"] == (12 + 4) / (4 * engine.context)
     after = scrape(url)
     assert after[f"{P}_kv_cache_usage_perc"] == 0 and after[f"{P}_requests_running"] == 0
-    assert after[f"{P}_prefix_cache_queries_total"] - before[f"{P}_prefix_cache_queries_total"] == 12
+    assert after[f"{P}_prefix_cache_queries_total"] - before[f"{P}_prefix_cache_queries_total"] == 12 + 2
     assert after[f"{P}_prefix_cache_hits_total"] == 0  # no prefix reuse yet

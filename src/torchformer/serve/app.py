@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from .boundary import ClientGone, Guard, error_response, read_json
 from .chat import ChatTemplate
+from .embeddings import embedding_request, embedding_response, token_rows, wrong_task
 from .engine import Engine
 from .jobs import Delta, Done, Failed, Prompt
 from .protocol import APIError, chat_request, completion_request
@@ -137,12 +138,22 @@ class Server:
         shape = ChatShape(self.model_name, ids, params.return_token_ids, self.token_text)
         return await self.respond(request, ids, params, shape)
 
+    async def embeddings(self, request: Request):
+        items, fmt = embedding_request(await self.body(request), self.model_name)
+        self.require_ready("embed")
+        rows = token_rows(items, self.engine.texts.tokenizer, self.engine.texts.vocab_size, self.engine.context)
+        vectors = await asyncio.wrap_future(self.engine.embed(rows))
+        return JSONResponse(embedding_response(vectors, fmt, self.model_name, sum(map(len, rows))))
+
     def token_text(self, token: int) -> str:
         return self.engine.texts.decode([token])
 
-    def require_ready(self) -> None:
+    def require_ready(self, task: str = "generate") -> None:
+        """A 503 until the engine runs; a 400 for a route its model does not serve."""
         if not self.engine.healthy:
             raise APIError(503, f"not ready: {self.engine.state()}", type="server_error", code="not_ready")
+        if self.engine.task != task:
+            raise wrong_task(self.engine.task)
 
     async def respond(self, request: Request, ids: list[int], params, shape: CompletionShape, echo: str = ""):
         queue = asyncio.Queue()
@@ -261,6 +272,7 @@ def create_app(
     routes = [
         s.route("/v1/completions", s.completions, "POST"),
         s.route("/v1/chat/completions", s.chat_completions, "POST"),
+        s.route("/v1/embeddings", s.embeddings, "POST"),
         s.route("/v1/models", s.models, "GET"),
         s.route("/metrics", s.metrics, "GET"),
         s.route("/health", s.health, "GET", public=True),

@@ -20,27 +20,31 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import torch
 
+from ..evaluation.embed import embed_ids
 from ..fast.scope import packed
 from ..generation.steps import steady
 from ..models.decoder import DecoderLM
+from ..models.encoder import Encoder
 from ..nn.kv_cache import KVCache
 from .admission import Admission
-from .groups import first_tokens
-from .jobs import Event, Job, Prompt
-from .logprobs import step_logprobs
+from .calls import Calls
+from .embeddings import wrong_task
+from .jobs import Event, Job
 from .metrics import Metrics
 from .model_len import for_loaded
-from .protocol import APIError, Params, bad, new_tokens, shutting_down
-from .rows import decode_rows, prefill_batches, prefill_rows, rows_view, span
+from .protocol import APIError, Params, bad, new_tokens
+from .rows import decode_rows
+from .scheduler import Scheduler
 from .text import Texts
 
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(Scheduler):
     def __init__(
         self,
         load: Callable[[], DecoderLM],
@@ -52,7 +56,10 @@ class Engine:
         compile: bool = False,
         stall_timeout: float = 120.0,
         max_model_len: int | None = None,
+        embedding: dict | None = None,
     ) -> None:
+        """``load`` gives a decoder (generation) or an encoder (embeddings; ``embedding``: pooling,
+        normalize and max_length as evaluation.embed.folder_settings reads them)."""
         for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0), ("max_model_len", max_model_len, 1)):
             if value is None and name == "max_model_len":  # None: what fits
                 continue
@@ -73,6 +80,9 @@ class Engine:
         self.stopping = False
         self.closing_at: float | None = None  # shutting down: running requests end at this time
         self.texts: Texts | None = None
+        self.task: str | None = None  # once loaded: "generate" (a decoder) or "embed" (an encoder)
+        self.embedding = {"pooling": "mean", "normalize": True, "max_length": None, **(embedding or {})}
+        self.calls = Calls(self.wake, slots + max_queue)  # embedding batches, run between steps
         # Prompt + new tokens a request may use, the cache's length: None = what fits (model_len.py).
         self.max_model_len = max_model_len
         self.context = max_model_len or 0  # the length in use once the model has loaded
@@ -138,6 +148,8 @@ class Engine:
         """Queue a request (prompt ids), or raise the APIError that answers it."""
         if not self.healthy:
             raise APIError(503, f"not ready: {self.state()}", type="server_error", code="not_ready")
+        if self.task != "generate":
+            raise wrong_task("embed")
         if params.n > self.slots:
             raise bad(
                 "n",
@@ -164,9 +176,12 @@ class Engine:
             torch.set_num_threads(self.threads)
             with torch.inference_mode():
                 self.model = self.load()
+                if isinstance(self.model, Encoder):
+                    self.serve_embeddings()
+                    return
                 if not isinstance(self.model, DecoderLM):
-                    raise ValueError(f"serve needs a decoder-only model, got {type(self.model).__name__}")
-                cfg = self.model.config
+                    raise ValueError(f"serve needs a decoder-only or an encoder model, got {type(self.model).__name__}")
+                cfg, self.task = self.model.config, "generate"
                 self.device = self.model.embed.tok.weight.device  # the head may be int8
                 # Before the cache: a length whose cache cannot fit fails here, not in the allocator.
                 self.context = for_loaded(self.model, self.slots, self.max_model_len).value
@@ -190,176 +205,39 @@ class Engine:
         finally:
             self.fail_all(APIError(500, f"not served: {self.state()}", type="server_error"))
 
+    def serve_embeddings(self) -> None:
+        """An encoder: no cache, no rows; the loop runs embedding batches (``embed``)."""
+        cfg, self.task = self.model.config, "embed"
+        self.context = min(self.embedding["max_length"] or cfg.max_seq_len, cfg.max_seq_len)
+        self.texts = self.make_texts(cfg.vocab_size)
+        if self.texts.tokenizer is not None:  # a folder's tokenizer.json may pad and cut (tfm.embed does this too)
+            self.texts.tokenizer.no_padding()
+            self.texts.tokenizer.no_truncation()
+        self.beat, self.ready = time.monotonic(), True
+        log.info("engine ready: embeddings, at most %d tokens an input", self.context)
+        self.loop()
+
+    def embed(self, rows: list[list[int]]) -> Future:
+        """The embeddings of token-id rows, computed on the engine thread: a Future of (len(rows), D) lists."""
+        settings = {k: self.embedding[k] for k in ("pooling", "normalize")}
+        return self.calls.put(lambda: embed_ids(self.model, rows, **settings, batch_size=32).tolist())
+
     def loop(self) -> None:
         while not self.stopping:
             self.beat = time.monotonic()
+            self.calls.run()
             self.drop()
             self.admit()
             if self.running:
                 self.step()
             else:
                 with self.wake:
-                    if not self.waiting and not self.stopping:
+                    if not self.waiting and not self.calls and not self.stopping:
                         self.wake.wait(0.5)
 
     def fail_all(self, error: APIError) -> None:
+        self.calls.fail_all(error)
         jobs = [*self.admission.clear(), *(j for j in self.rows if j is not None)]
         self.rows = [None] * self.slots
         for job in jobs:
             job.fail(error, self.metrics)
-
-    def free(self, job: Job) -> None:
-        self.rows[job.row] = None
-        self.admission.give_back()
-
-    def drop(self) -> None:
-        """Cancelled rows are freed silently; rows past their deadline end with "length". Shutting
-        down (drain), waiting requests end at once, running ones at closing_at, with a 503."""
-        now, closing = time.monotonic(), self.closing_at is not None
-        for job in self.admission.close() if closing else ():
-            job.fail(shutting_down(), self.metrics)
-        for job in [j for j in self.rows if j is not None]:
-            if job.cancelled:
-                self.metrics.finish("cancelled")
-                self.free(job)
-            elif closing and now >= self.closing_at:
-                job.fail(shutting_down(), self.metrics)
-                self.free(job)
-            elif now > job.deadline:
-                job.finish("length", self.metrics)
-                self.free(job)
-
-    def admit(self) -> None:
-        """Waiting requests FIFO into the free rows, prefilled in batches (``prefill_batches``);
-        the shortest prompts take the lowest rows, so a batch pads little. A request for n choices
-        prefills its first job's row; its other jobs take rows after the batch's (``place``)."""
-        now, free = time.monotonic(), [r for r, j in enumerate(self.rows) if j is None]
-        ready = []
-        for group in self.admission.take(len(free)):
-            for job in group if group[0].cancelled or now > group[0].deadline else ():
-                if job.cancelled:
-                    self.metrics.finish("cancelled")
-                else:
-                    job.finish("length", self.metrics)  # timed out in the queue: no tokens
-                self.admission.give_back()
-            if not group[0].cancelled and now <= group[0].deadline:
-                ready.append(group)
-        ready.sort(key=lambda g: len(g[0].prompt))
-        rest = iter(free[len(ready) :])
-        placed = [(row, g, [next(rest) for _ in g[1:]]) for row, g in zip(free, ready)]
-        for batch in prefill_batches([(row, g[0].prompt) for row, g, _ in placed]):
-            self.prefill([placed[i] for i in batch])
-
-    def prefill(self, batch: list[tuple[int, list[Job], list[int]]]) -> None:
-        """One batched prefill of the groups' first jobs into consecutive rows."""
-        started = []
-        for row, group, _ in batch:
-            try:
-                group[0].start(row, self.texts.vocab_size, self.device)
-                started.append(group[0])
-            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                self.fail_group(group, err)
-        if not started:
-            return
-        try:
-            # A failed start leaves a hole: the others still need consecutive rows, so the batch
-            # keeps its rows and the hole's prompt is a dummy one whose row stays free.
-            prompts = [g[0].prompt if g[0] in started else [0] for _, g, _ in batch]
-            logits, hidden = prefill_rows(self.model, self.cache, batch[0][0], prompts)  # (b, V), (b, T, D)
-        except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
-            for _, group, _ in batch:
-                if group[0] in started:
-                    self.fail_group(group, err)
-            return
-        for i, (_, group, rows) in enumerate(batch):
-            if group[0] not in started:
-                continue
-            try:
-                self.metrics.prefix(len(group[0].prompt), 0)  # no prefix reuse yet: every token prefilled
-                firsts = first_tokens(
-                    self.model, self.cache, group, rows, logits[i : i + 1], hidden[i], self.texts.vocab_size
-                )
-            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                self.fail_group(group, err)
-                continue
-            self.place(group, *firsts)
-
-    def place(self, group: list[Job], echo: tuple, tokens: list[int], scored: list) -> None:
-        for job in group:
-            if job.params.echo:
-                job.sink(Prompt(echo, job.index))
-            if not tokens:  # max_tokens 0: the prompt scored, nothing generated
-                job.finish("length", self.metrics)
-                self.admission.give_back()
-                continue
-            self.rows[job.row] = job
-            if job.accept(tokens[job.index], self.eos, self.metrics, scored[job.index]):
-                self.free(job)
-
-    def fail_group(self, group: list[Job], err: Exception) -> None:
-        """Fail a request that holds no row yet (inside its except block); its rows are given back."""
-        for job in group:
-            self.fail(job, "the request failed inside the engine", err)
-            self.admission.give_back()
-
-    def fail(self, job: Job, what: str, err: Exception) -> None:
-        """Fail one request with a 500 saying what failed (called inside its except block)."""
-        log.exception("%s: request %s", what, job.id)
-        job.fail(APIError(500, f"{what}: {err!r}", type="server_error"), self.metrics)
-
-    def step(self) -> None:
-        """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
-        jobs = [j for j in self.rows if j is not None]
-        # Eager: only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a
-        # lone short request costs a one-row step over a short cache, not an R-row one over max_len.
-        # Compiled: every step all R rows and all slots, one graph (module docstring).
-        n, length = self.slots, self.cache.max_len
-        if not self.compile:
-            n, length = 1 + max(j.row for j in jobs), span(max(j.pos for j in jobs), self.cache.max_len)
-        if (n, length) not in self.views:
-            self.views[n, length] = rows_view(self.cache, 0, n, length)
-        rows = self.rows[:n]
-        ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in rows], device=self.device)  # (n, 1)
-        pos = torch.tensor([[0 if j is None else j.pos - 1] for j in rows], device=self.device)  # (n, 1)
-        live = torch.tensor([[j is not None] for j in rows], device=self.device)  # (n, 1)
-        try:
-            logits = self.step_fn(self.model, ids, pos, live, self.views[n, length])  # (n, V)
-        except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
-            for job in jobs:
-                self.fail(job, "the decode step failed", err)
-                self.free(job)
-            return
-        tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
-        failed = set()
-        for job in jobs:
-            if job.fast:
-                continue
-            try:
-                tokens[job.row] = job.sample(logits[job.row : job.row + 1])[0]
-            except Exception as err:  # noqa: BLE001 - this request fails; the others go on
-                self.fail(job, "sampling failed", err)
-                self.free(job)
-                failed.add(job.id)
-        values = tokens.tolist()
-        asked = [j for j in jobs if j.params.logprobs is not None and j.id not in failed]
-        scored = self.logprobs(logits, asked, values)
-        for job in jobs:
-            if job.id in failed or job.id in scored and scored[job.id] is None:
-                continue
-            if job.accept(values[job.row], self.eos, self.metrics, scored.get(job.id)):
-                self.free(job)
-
-    def logprobs(self, logits, jobs: list[Job], values: list[int]) -> dict:
-        """The chosen tokens' logprobs (and top alternatives) of the rows that asked, one host read;
-        a failure fails those requests (their entry is None)."""
-        if not jobs:
-            return {}
-        try:
-            rows = [j.row for j in jobs]
-            entries = step_logprobs(logits, rows, [values[r] for r in rows], [j.params.logprobs for j in jobs])
-        except Exception as err:  # noqa: BLE001 - these requests fail; the others go on
-            for job in jobs:
-                self.fail(job, "logprobs failed", err)
-                self.free(job)
-            return dict.fromkeys((j.id for j in jobs), None)
-        return {j.id: e for j, e in zip(jobs, entries)}
