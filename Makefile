@@ -4,7 +4,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS ?= dev,bench,gguf
+# gguf + engines: the GGUF tests compare with llama.cpp itself (tests/interop/test_gguf_*.py), so the
+# test install builds llama-cpp-python from its sdist (no CPU wheel): ~5 min on 2 cores, once per venv.
+EXTRAS ?= dev,bench,gguf,engines
 # The suite on both cores: two pytest-xdist workers, each test at TORCHFORMER_TEST_THREADS torch
 # threads (default 1, tests/conftest.py); tests sharing one slow setup (the front door's trained
 # run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).
@@ -17,7 +19,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	CMAKE_ARGS="$(ENGINES_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	  $(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 test: $(STAMP) browser

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks.engines import CACHE, CONVERT, llama_source, pad_merges
@@ -143,6 +144,17 @@ def gguf_file(family: str, kind: str = "F32") -> Path:
     params.nthread = 1
     assert llama_cpp.llama_model_quantize(str(gguf_file(family)).encode(), str(out).encode(), ctypes.byref(params)) == 0
     return out
+
+
+def need_llama_cpp() -> None:
+    """Skip without llama-cpp-python, except in CI, where `make test` installs it: there, fail."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        message = "llama-cpp-python is missing: `make test` builds it (the engines extra, ~5 min on 2 cores)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
 
 
 def llama(path: Path):

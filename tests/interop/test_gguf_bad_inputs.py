@@ -4,6 +4,7 @@ the gguf package's writer with one thing changed; no llama-cpp-python needed."""
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
 
@@ -12,7 +13,8 @@ from torchformer.loading import model_kind
 
 from .gguf_llamacpp import gguf_file
 
-gguf = pytest.importorskip("gguf")
+# One xdist worker makes the GGUF files once (a conversion takes ~15 s).
+pytestmark = pytest.mark.xdist_group("gguf")
 
 
 def rewrite(dst, *, meta=None, drop=(), retype=None):

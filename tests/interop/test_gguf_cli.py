@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import torchformer as tfm
@@ -13,6 +14,9 @@ from torchformer.cli.main import main
 from torchformer.interop import from_hf
 
 from .gguf_llamacpp import TEXTS, gguf_file, hf_folder
+
+# One xdist worker makes the GGUF files once (a conversion takes ~15 s).
+pytestmark = pytest.mark.xdist_group("gguf")
 
 
 def test_convert_from_gguf_gives_back_the_hf_weights(tmp_path):

@@ -21,9 +21,12 @@ import torch
 from torchformer.interop.gguf import from_gguf
 from torchformer.nn.quant import Int4Linear
 
-from .gguf_llamacpp import gguf_file, llama_greedy, llama_logits
+from .gguf_llamacpp import gguf_file, llama_greedy, llama_logits, need_llama_cpp
 
-pytest.importorskip("llama_cpp", reason="make test builds llama-cpp-python (the engines extra)")
+# One xdist worker makes the GGUF files once (a conversion takes ~15 s).
+pytestmark = pytest.mark.xdist_group("gguf")
+
+need_llama_cpp()
 
 IDS = [1, 17, 200, 45, 3, 99, 310, 7, 64, 128, 5, 250]
 FLOAT_TOL = {"F32": 1e-4, "F16": 2e-3}

@@ -8,9 +8,12 @@ import pytest
 
 from torchformer.interop.gguf.tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 
-from .gguf_llamacpp import CHAT, TEXTS, gguf_file, llama_tokenize
+from .gguf_llamacpp import CHAT, TEXTS, gguf_file, llama_tokenize, need_llama_cpp
 
-pytest.importorskip("llama_cpp", reason="make test builds llama-cpp-python (the engines extra)")
+# One xdist worker makes the GGUF files once (a conversion takes ~15 s).
+pytestmark = pytest.mark.xdist_group("gguf")
+
+need_llama_cpp()
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
