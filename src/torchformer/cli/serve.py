@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..evaluation.embed import folder_settings
 from ..extras import MissingExtra
 from ..loading import (
     TOKENIZER_FILE,
@@ -156,8 +157,13 @@ def max_model_len(args: argparse.Namespace, dtype: torch.dtype | None) -> ModelL
         cfg, dtype = model_config(args.model), dtype or stored_dtype(args.model)
     except (ValueError, OSError) as err:  # what the engine would have said, sooner
         raise ValueError(f"{args.model}: the model did not load: {one_line(err)}") from None
+    if cfg.arch == "encoder":  # /v1/embeddings: no KV cache; inputs up to the model's length
+        return ModelLen(cfg.max_seq_len, f"embeddings (an encoder): inputs of at most {cfg.max_seq_len} tokens")
     if cfg.arch != "decoder":
-        raise ValueError(f"{args.model}: the model did not load: serve needs a decoder-only model, not {cfg.arch!r}")
+        raise ValueError(
+            f"{args.model}: the model did not load: serve needs a decoder-only model (generation) or an "
+            f"encoder (embeddings), not {cfg.arch!r}"
+        )
     weights = count_params(cfg) * dtype_bytes(dtype)
     return choose(cfg, args.slots, dtype, requested=args.max_model_len, free=free_memory(2 * weights))
 
@@ -218,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
         compile=args.compile,
         max_model_len=length.value,
+        embedding=folder_settings(folder) if folder is not None and folder.is_dir() else None,
     )
     name = args.served_model_name or (folder.resolve().name if folder is not None else args.model)
     app = create_app(
