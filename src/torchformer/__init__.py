@@ -28,7 +28,7 @@ from .config import (
 from .evaluation import embed
 from .generation import beam_search, generate, stream
 from .interop import from_hf, to_hf
-from .interop.gguf import from_gguf
+from .interop.gguf import from_gguf, to_gguf
 from .loading import load_any, load_tokenizer
 from .models.build import build_model
 from .models.decoder import DecoderLM
@@ -79,6 +79,7 @@ __all__ = [
     "presets",
     "quantize",
     "save",
+    "to_gguf",
     "to_hf",
     "verify",
     "stream",

@@ -1,4 +1,4 @@
-"""`torchformer convert`: Hugging Face folder <-> torchformer checkpoint; GGUF file -> Hugging Face folder."""
+"""`torchformer convert`: Hugging Face folder <-> torchformer checkpoint; GGUF file <-> model."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--from-hf", metavar="DIR", help="a local Hugging Face model folder to read")
     source.add_argument("--to-hf", metavar="CKPT", help="a torchformer checkpoint folder (or preset name) to export")
     source.add_argument("--from-gguf", metavar="FILE", help="a .gguf file to write as a Hugging Face folder")
+    source.add_argument(
+        "--to-gguf", metavar="MODEL", help="a checkpoint or HF folder (with tokenizer.json) to write as .gguf"
+    )
     p.add_argument(
         "--out",
         required=True,
         metavar="DIR",
         help="folder to write: new, empty, or a model folder of the same kind (replaced atomically); "
         "never the source folder, one inside it or one holding it",
+    )
+    p.add_argument(
+        "--outtype", choices=["f16", "bf16", "q8_0", "q4_0"], default="f16", help="with --to-gguf: matrix type (f16)"
     )
     p.add_argument("--force", action="store_true", help="replace --out even if it holds other files (they are lost)")
     p.add_argument(
@@ -43,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     torchformer convert --from-hf HF_DIR --out CKPT --quantize int8   ... saved weight-only int8
     torchformer convert --from-gguf FILE.gguf --out HF_DIR  GGUF -> HF folder (float32, quantized
                                                        types dequantized; tokenizer.json from its metadata)
+    torchformer convert --to-gguf CKPT --out FILE.gguf --outtype q8_0   model + tokenizer.json -> GGUF
 
     tokenizer.json is copied along when the source folder has one. Nothing is downloaded. An
     existing --out is replaced only when it is empty or a model folder of the kind written (its
@@ -56,8 +63,18 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantize {args.quantize} works with --from-hf (HF folders hold float weights)")
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
-    check_out(args.from_hf or args.to_hf or args.from_gguf, args.out)
-    if args.from_gguf is not None:
+    check_out(args.from_hf or args.to_hf or args.from_gguf or args.to_gguf, args.out)
+    if args.to_gguf is not None:
+        from ..interop.gguf import to_gguf
+        from ..loading import has_tokenizer, load_tokenizer
+
+        if not has_tokenizer(args.to_gguf):
+            raise ValueError(
+                f"--to-gguf {args.to_gguf!r}: no {TOKENIZER} beside the model; llama.cpp needs a vocabulary"
+            )
+        out = to_gguf(load_any(args.to_gguf), args.out, dtype=args.outtype, tokenizer=load_tokenizer(args.to_gguf))
+        kind = f"GGUF file ({args.outtype})"
+    elif args.from_gguf is not None:
         from ..interop.gguf import from_gguf
         from ..interop.gguf.tokenizer import tokenizer_from_gguf
 

@@ -10,7 +10,6 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   rope kernel for llama pairs 2i with 2i+1). We undo it (interleaved_to_half), so a loaded model has
   one layout whatever file it came from; Qwen, Gemma and Phi-3 files are not permuted (llama.cpp
   runs them with NeoX-style rope).
-- ``gemma*``: RMSNorm weights stored as 1 + w (llama.cpp's norm has no offset); we subtract 1.
 - Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
   as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
 """
@@ -20,18 +19,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
 from torch import Tensor
 
-from ..transforms import interleaved_to_half
-from .container import GGUFFile
+from ..transforms import half_to_interleaved, interleaved_to_half
+from .container import GGUFFile, gguf_module
 
 
 @dataclass(frozen=True)
 class Arch:
     model_type: str  # the interop family (interop/hf.py FAMILIES) that reads it
     permuted_qk: bool = False  # llama.cpp permuted q/k rows to the interleaved RoPE layout
-    norm_plus_one: bool = False  # norms stored as 1 + w (Gemma)
     hf: dict = field(default_factory=dict)  # config.json values the family needs and GGUF does not say
 
 
@@ -100,16 +97,21 @@ def _rope_scaling(f: GGUFFile, name: str) -> dict:
     return {"rope_type": "default"}
 
 
-def hf_transforms(f: GGUFFile, hf: dict) -> dict[str, Callable[[Tensor], Tensor]]:
-    """GGUF name -> the function that undoes the converter's change to that tensor (rows of
-    quantized blocks too: a row permutation moves whole rows of bytes)."""
-    _, arch = arch_of(f)
-    out: dict[str, Callable[[Tensor], Tensor]] = {}
-    for name in f.tensors:
-        leaf = name.split(".")[-2]
-        if arch.permuted_qk and leaf in ("attn_q", "attn_k"):
-            n = hf["num_attention_heads"] if leaf == "attn_q" else hf["num_key_value_heads"]
-            out[name] = lambda t, n=n: interleaved_to_half(t, n)
-        elif arch.norm_plus_one and leaf.endswith("norm"):
-            out[name] = lambda t: t - torch.ones((), dtype=t.dtype)
+def name_table(arch_name: str, n_layers: int):
+    """gguf's TensorNameMap for the architecture: HF tensor name -> GGUF name (the converter's table)."""
+    gguf = gguf_module()
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
+    return gguf.get_tensor_name_map(arch, n_layers)
+
+
+def row_transforms(arch_name: str, hf: dict, to_gguf: bool) -> dict[str, Callable[[Tensor], Tensor]]:
+    """GGUF tensor kind (``attn_q`` of ``blk.0.attn_q.weight``) -> the converter's change to it
+    (to_gguf) or its undoing. Row permutations move whole rows, so they apply to the rows of
+    quantized blocks too."""
+    arch, out = ARCHS[arch_name], {}
+    if arch.permuted_qk:
+        for leaf, n in (("attn_q", hf["num_attention_heads"]), ("attn_k", hf["num_key_value_heads"])):
+            out[leaf] = (
+                (lambda t, n=n: half_to_interleaved(t, n)) if to_gguf else (lambda t, n=n: interleaved_to_half(t, n))
+            )
     return out

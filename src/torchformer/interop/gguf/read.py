@@ -23,8 +23,8 @@ from ...models.quantize import Quantization, targets
 from ...models.saving import build_meta, materialize, unique_state
 from ...nn.quant import Int4Linear
 from ..hf import FAMILIES
-from .archs import AUX_TENSORS, arch_of, hf_config, hf_transforms
-from .container import FLOAT_TYPES, GGUFFile, gguf_module, open_gguf
+from .archs import AUX_TENSORS, arch_of, hf_config, name_table, row_transforms
+from .container import FLOAT_TYPES, GGUFFile, open_gguf
 from .weights import float_tensor, q4_0_linear, raw_rows
 
 logger = logging.getLogger(__name__)
@@ -88,11 +88,11 @@ def from_gguf(
     ours = unique_state(model)
     theirs = keymap.to_theirs(ours).tensors  # HF name -> meta tensor (the shapes a folder would hold)
     names = _gguf_names(f, theirs)
-    undo = hf_transforms(f, hf)
+    undo = row_transforms(arch_of(f)[0], hf, to_gguf=False)
 
     def rows(hf_name: str) -> Tensor:
         g = names[hf_name]
-        return undo.get(g, lambda t: t)(raw_rows(f, g))
+        return undo.get(g.split(".")[-2], lambda t: t)(raw_rows(f, g))
 
     quantized = _q4_0_modules(f, model, keymap, names, rows, dtype) if quantized else {}
     rest = [n for n in theirs if n not in quantized]
@@ -110,10 +110,8 @@ def from_gguf(
 def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> dict[str, str]:
     """HF name -> GGUF name for every tensor the model needs; missing, mis-shaped and unknown
     tensors all named in one ValueError."""
-    gguf = gguf_module()
     arch_name, _ = arch_of(f)
-    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
-    table = gguf.get_tensor_name_map(arch, f.require(f"{arch_name}.block_count"))
+    table = name_table(arch_name, f.require(f"{arch_name}.block_count"))
     names, problems = {}, []
     for hf_name, meta in theirs.items():
         g = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
