@@ -278,7 +278,7 @@ def peak_rss_mb() -> float:
 
 
 class Torchformer:
-    """tfm.load_any of the HF folder (bf16 as stored), quantized in place for int8 / int4."""
+    """tfm.load_any of the HF folder (bf16 as stored), quantized as it is read for int8 / int4."""
 
     def __init__(self, spec: dict) -> None:
         import torch
@@ -287,16 +287,11 @@ class Torchformer:
 
         torch.set_num_threads(spec["threads"])
         self.tfm, self.torch = tfm, torch
-        model = tfm.load_any(spec["folder"])
+        # Quantized as it is read (tfm.load_any(..., quantize=)): the bf16 bytes are never all held.
+        group = spec["group_size"] if spec["scheme"] == "int4" else None
+        # bf16 as the folder stores it (a no-op cast there): 16-bit is measured, never an fp32 upcast.
+        model = tfm.load_any(spec["folder"], dtype=torch.bfloat16, quantize=spec["scheme"] or None, group_size=group)
         self.note = ""
-        dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-        if dtypes != {torch.bfloat16}:  # the folder is bf16: measure 16-bit, not an fp32 upcast
-            model = model.to(torch.bfloat16)
-            self.note = f"loaded as {sorted(map(str, dtypes))}, converted with .to(torch.bfloat16)"
-        if spec["scheme"] == "int4":
-            model = tfm.quantize(model, "int4", group_size=spec["group_size"])
-        elif spec["scheme"]:
-            model = tfm.quantize(model, spec["scheme"])
         self.model, self.compile = model, spec["mode"] == "compiled"
         self.bytes = torch_streamed_bytes(model)
 

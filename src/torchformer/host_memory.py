@@ -107,3 +107,61 @@ def _inactive_file(stat_file: str) -> int:
         return 0
     value = stats.get("total_inactive_file", stats.get("inactive_file", "0"))
     return int(value) if value.isdigit() else 0
+
+
+# --- giving back the pages of a mapped weights file -------------------------------------------------
+MADV_DONTNEED = 4  # madvise(2), Linux
+PAGE = 4096
+
+
+def release_mapped(tensor) -> int:
+    """Drop ``tensor``'s pages from this process's resident set when its storage lies in a mapping
+    of a file (safetensors weights are memory-mapped); returns the bytes released (0 elsewhere:
+    heap memory, other platforms). A loader that has quantized a mapped weight calls it so the
+    float bytes it read stop counting towards the process: the pages stay in the page cache and a
+    later read faults them back in from the file, unchanged.
+
+    Only for tensors nothing has written since they were mapped: the mapping is private, so a
+    written page would revert to the file's bytes. The loaders call it on weights they have just
+    read, before the model reaches the caller."""
+    if tensor.is_contiguous():  # a block of rows of a mapped matrix: its own bytes only
+        start = tensor.data_ptr()
+        end = start + tensor.numel() * tensor.element_size()
+    else:
+        storage = tensor.untyped_storage()
+        start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the tensor only
+    if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end):
+        return 0
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return last - first if libc.madvise(first, last - first, MADV_DONTNEED) == 0 else 0
+
+
+def trim() -> bool:
+    """Give the heap's free pages back to the kernel (glibc ``malloc_trim``): after a quantizing
+    load, the blocks its temporaries freed stay in glibc's free lists (measured: ~390 MB held
+    after quantizing the Llama-3.2-1B shape to int8). True where it ran (Linux with glibc)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True
+
+
+def _in_file_mapping(start: int, end: int) -> bool:
+    """Whether [start, end) lies inside one mapping of a regular file (/proc/self/maps)."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                if low <= start and end <= high:
+                    return len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0"
+    except (OSError, ValueError):
+        pass
+    return False

@@ -22,10 +22,12 @@ from .models.saving import (
     CONFIG_FILE,
     TOKENIZER_FILE,
     WEIGHTS_FILE,
+    build_meta,
     load,
     load_config,
     one_line,
     open_safetensors,
+    read_config,
     read_json,
 )
 
@@ -55,28 +57,58 @@ def model_kind(spec: str | os.PathLike) -> str:
 
 
 def load_any(
-    spec: str | os.PathLike, *, seed: int = 0, device: str = "cpu", dtype: torch.dtype | str | None = None
+    spec: str | os.PathLike,
+    *,
+    seed: int = 0,
+    device: str = "cpu",
+    dtype: torch.dtype | str | None = None,
+    quantize: str | None = None,
+    group_size: int | None = None,
 ) -> nn.Module:
     """The model named by ``spec``; a preset is built with random weights from ``seed``. dtype None
     keeps the weights' stored dtype (a preset: float32); a dtype (or a name in DTYPES) casts the
-    floating parameters to it (``cast``)."""
+    floating parameters to it (``cast``). quantize "int8" / "int4" (``group_size``) then quantizes
+    it (``tfm.quantize``) linear by linear as it comes from the file: the float weights of a
+    memory-mapped checkpoint are read once and never all held, so the process ends up holding the
+    integer model (plus the float tables quantize leaves), not the float one too."""
     dtype = as_dtype(dtype, "dtype")
     kind = model_kind(spec)
+    if quantize is not None or group_size is not None:  # every argument checked before any weight is read
+        check_quantization(spec, quantize, group_size)
     if kind == "torchformer":
         model = load(spec, device=device)
     elif kind == "hf":
         from .interop import from_hf
 
         # Converted tensor by tensor as they are read: no full-size copy in the stored dtype.
-        return from_hf(spec, dtype=dtype).to(device).eval()
+        model = from_hf(spec, dtype=dtype).to(device).eval()
     elif kind == "gguf":
         from .interop.gguf import from_gguf
 
-        return from_gguf(spec, dtype=dtype or torch.float32, device=device)
+        model = from_gguf(spec, dtype=dtype or torch.float32, device=device)
     else:
         torch.manual_seed(seed)
         model = build_model(presets.get(str(spec))).to(device).eval()
-    return model if dtype is None else cast(model, dtype)
+    model = model if dtype is None or kind in ("hf", "gguf") else cast(model, dtype)  # those convert as they read
+    if quantize is None:
+        return model
+    from .models.quantize import quantize as quantize_model
+
+    # Weights freshly mapped from the file by this call: nothing wrote them, so their pages can go.
+    return quantize_model(model, quantize, group_size=group_size, release_mapped=kind != "preset")
+
+
+def check_quantization(spec: str | os.PathLike, scheme: str | None, group_size: int | None) -> None:
+    """``tfm.quantize``'s checks of scheme and group_size against ``spec``'s shapes, on a model built
+    on the meta device from its config alone (no weights read)."""
+    from .models.quantize import check
+
+    if scheme is None:
+        raise ValueError(f"group_size={group_size!r} needs quantize='int4'")
+    stored = read_config(spec)[1] if model_kind(spec) == "torchformer" else None
+    if stored is not None:
+        raise ValueError(f"quantize={scheme!r}: {spec} is already quantized ({stored.scheme}); load it as it is")
+    check(build_meta(model_config(spec), spec), scheme, group_size, True)
 
 
 def as_dtype(dtype: torch.dtype | str | None, argument: str) -> torch.dtype | None:

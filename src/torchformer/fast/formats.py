@@ -31,9 +31,10 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
-from ..nn.packed import panels
-from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
+from ..nn.packed import LANES, panels
+from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
 from .native import kernels
 
 
@@ -61,16 +62,43 @@ class PanelLinear(QuantLinear):
     cpu_product_dtypes = ()  # the panels' product is forward's own (the portable one reads qweight)
 
     def __init__(self, source: QuantLinear) -> None:
+        self.empty(source.out_features, source.in_features, getattr(source, "group_size", None), None)
+        self.fill(source)
+
+    def empty(self, n: int, k: int, group_size: int | None, bias: Tensor | None) -> None:
+        """Shapes, bias and zeroed panels (``allocate``) for an n x k weight, to be written."""
         nn.Module.__init__(self)
         if not ops_ready():
-            raise RuntimeError(
-                f"{type(self).__name__}: the CPU kernels are not built here; keep {type(source).__name__}"
-            )
-        self.fill(source)
+            raise RuntimeError(f"{type(self).__name__}: the CPU kernels are not built here; keep {self.scheme_type()}")
+        self.out_features, self.in_features = n, k
+        self._init_bias(bias)
+        self.allocate(group_size)
 
     @classmethod
     def of(cls, source: QuantLinear) -> PanelLinear:
         return cls(source)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, lin: nn.Linear, group_size: int | None = None, on_block=None) -> PanelLinear:
+        """Quantized straight into panels, block by block of 16-row panels (``quantize_by_blocks``):
+        never the portable module's copy, never an fp32 matrix."""
+        twin = cls.__new__(cls)
+        twin.empty(lin.out_features, lin.in_features, group_size, lin.bias)
+        w = lin.weight.detach()
+
+        def quantize_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+            return cls.quantize_rows(rows, group_size)
+
+        quantize_by_blocks(w, quantize_rows, twin.write, multiple=LANES, on_block=on_block)
+        return twin
+
+    def allocate(self, group_size: int | None) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:  # pragma: no cover - abstract
+        """Rows ``rows`` (starting at a panel) from their signed values q (n, K) and scales."""
+        raise NotImplementedError
 
     @classmethod
     def scheme_type(cls) -> type[QuantLinear]:
@@ -103,18 +131,26 @@ class PanelLinear(QuantLinear):
         source._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
         self.fill(source)  # repack what was loaded
 
-    def fill(self, source: QuantLinear) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    def fill(self, source: QuantLinear) -> None:
+        """Every row and the bias from ``source`` (allocated already), block by block."""
+        self._init_bias(source.bias)
+        for rows in row_blocks(self.out_features, self.in_features, LANES):
+            self.write(rows, *source.values(rows))
 
 
 class Int8Panels(PanelLinear, Int8Linear):
     """``Int8Linear`` as panels (P, K, 16) int8 and its row scales padded to P * 16."""
 
-    def fill(self, source: Int8Linear) -> None:
-        self.out_features, self.in_features = source.out_features, source.in_features
-        self.register_buffer("panels", panels(source.qweight), persistent=False)
-        self.register_buffer("scale", panels(source.scale[:, None]).reshape(-1), persistent=False)
-        self._init_bias(source.bias)
+    def allocate(self, group_size: int | None) -> None:
+        P, K = -(-self.out_features // LANES), self.in_features
+        self.register_buffer("panels", torch.zeros(P, K, LANES, dtype=torch.int8), persistent=False)
+        self.register_buffer("scale", torch.zeros(P * LANES), persistent=False)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
+        p = rows.start // LANES
+        block = panels(q)  # (p', K, 16)
+        self.panels[p : p + block.shape[0]] = block
+        self.scale[rows] = scale
 
     def product(self, x2: Tensor) -> Tensor:
         return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features)
@@ -128,16 +164,17 @@ class Int4Panels(PanelLinear, Int4Linear):
     """``Int4Linear`` as panels (P, K / 2, 16) of bytes (low nibble input 2j, high input 2j + 1,
     each q + 8) and its scales as (P, K / G, 16)."""
 
-    def fill(self, source: Int4Linear) -> None:
-        self.out_features, self.in_features, self.group_size = (
-            source.out_features,
-            source.in_features,
-            source.group_size,
-        )
-        u = (source.unpacked() + 8).to(torch.uint8).view(self.out_features, -1, 2)  # (N, K/2, 2) in [1, 15]
-        self.register_buffer("panels", panels(u[..., 0] | (u[..., 1] << 4)), persistent=False)  # (P, K/2, 16)
-        self.register_buffer("scale", panels(source.scale), persistent=False)  # (P, K/G, 16)
-        self._init_bias(source.bias)
+    def allocate(self, group_size: int | None) -> None:
+        P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
+        self.register_buffer("panels", torch.zeros(P, K // 2, LANES, dtype=torch.uint8), persistent=False)
+        self.register_buffer("scale", torch.zeros(P, K // group_size, LANES), persistent=False)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
+        p = rows.start // LANES
+        u = (q + 8).to(torch.uint8).view(q.shape[0], -1, 2)  # (n, K/2, 2) in [1, 15]
+        block = panels(u[..., 0] | (u[..., 1] << 4))  # (p', K/2, 16)
+        self.panels[p : p + block.shape[0]] = block
+        self.scale[p : p + block.shape[0]] = panels(scale)  # (p', K/G, 16)
 
     def product(self, x2: Tensor) -> Tensor:
         return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, self.out_features, self.group_size)
@@ -202,23 +239,53 @@ class Bf16Linear(Linear):
 
 def fits(module: nn.Module) -> type[nn.Module] | None:
     """The kernels' twin for ``module``, or None where the kernels cannot run it."""
-    twin = None
     if type(module) is Linear and module.weight.dtype == torch.bfloat16 and module.weight.is_cpu:
-        twin = Bf16Linear
-    if type(module) is Int8Linear and module.qweight.is_cpu and module.in_features % 4 == 0:
-        twin = Int8Panels
-    if type(module) is Int4Linear and module.qweight.is_cpu and module.group_size % 8 == 0:
-        twin = Int4Panels
-    return twin if twin is not None and ops_ready() else None
+        return Bf16Linear if ops_ready() else None
+    if type(module) in (Int8Linear, Int4Linear):
+        return panel_twin(type(module), module.in_features, getattr(module, "group_size", None), module.qweight)
+    return None
 
 
-def prepare(model: nn.Module) -> int:
+def panel_twin(scheme: type[QuantLinear], k: int, group_size: int | None, like: Tensor) -> type[PanelLinear] | None:
+    """The panel twin of ``scheme`` for K = k inputs, where the kernels run it for a weight on
+    ``like``'s device (int8: K a multiple of 4; int4: a group a multiple of 8)."""
+    fit = scheme is Int8Linear and k % 4 == 0 or scheme is Int4Linear and group_size % 8 == 0
+    twin = {Int8Linear: Int8Panels, Int4Linear: Int4Panels}.get(scheme)
+    return twin if fit and like.is_cpu and ops_ready() else None
+
+
+def quantizer(scheme: type[QuantLinear]):
+    """``scheme.from_linear``, or its panel twin's where the kernels run it: a quantizing load
+    writes the panels directly, never the portable copy first."""
+
+    def make(lin: nn.Linear, group_size: int | None, on_block=None) -> QuantLinear:
+        twin = panel_twin(scheme, lin.in_features, group_size, lin.weight)
+        return (twin or scheme).from_linear(lin, group_size, on_block=on_block)
+
+    return make
+
+
+def prepared(module: nn.Module, release_mapped: bool = False) -> nn.Module:
+    """``module``'s kernel twin where ``fits`` finds one, else ``module`` itself. release_mapped (a
+    loader's, for a module it has just read from a memory-mapped file): a panel twin's source
+    bytes give their pages back (``host_memory.release_mapped``); the twin holds its own copy."""
+    twin = fits(module)
+    if twin is None:
+        return module
+    out = twin.of(module)
+    if release_mapped and isinstance(out, PanelLinear):
+        release_mapped_pages(module.qweight)
+    return out
+
+
+def prepare(model: nn.Module, release_mapped: bool = False) -> int:
     """Swap ``model``'s quantized linears for their panel twins and its bf16 ``Linear``s for
-    ``Bf16Linear`` where the kernels run; returns how many were swapped (module docstring).
-    Idempotent; a no-op without the kernels."""
-    swaps = [(name, twin) for name, m in model.named_modules() if (twin := fits(m)) is not None]
-    for name, twin in swaps:
+    ``Bf16Linear`` where the kernels run (``prepared``, one module at a time, so a panel copy
+    never waits for the others); returns how many were swapped (module docstring). Idempotent;
+    a no-op without the kernels."""
+    names = [name for name, m in model.named_modules() if fits(m) is not None]
+    for name in names:
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
-        setattr(owner, leaf, twin.of(getattr(owner, leaf)))
-    return len(swaps)
+        setattr(owner, leaf, prepared(getattr(owner, leaf), release_mapped))
+    return len(names)

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
-from ..fast.formats import prepare
+from ..fast.formats import prepare, quantizer
+from ..host_memory import release_mapped as release_mapped_pages
+from ..host_memory import trim
 from ..nn.head import LMHead
 from ..nn.quant import QuantLinear
 from .build import QUANT_LINEARS
@@ -84,19 +86,34 @@ def check(model: nn.Module, scheme, group_size, lm_head) -> Quantization:
     return Quantization("int4", group_size, lm_head)
 
 
-def quantize(model: nn.Module, scheme: str = "int8", *, group_size: int | None = None, lm_head: bool = True):
+def quantize(
+    model: nn.Module,
+    scheme: str = "int8",
+    *,
+    group_size: int | None = None,
+    lm_head: bool = True,
+    release_mapped: bool = False,
+):
     """Replace ``model``'s projections by weight-only quantized linears; returns the model (eval).
 
     scheme "int8": symmetric, one scale per output row. "int4": symmetric, two weights per byte,
     one scale per ``group_size`` inputs (default 64). See ``torchformer.nn.quant``. On a CPU with
     the project's kernels the modules hold their weights in the kernels' panels
     (``torchformer.fast.formats``); their state dict is the same.
+
+    release_mapped is the loaders' (``tfm.load_any(..., quantize=...)``): each float weight read
+    from a memory-mapped file gives its pages back once quantized (``host_memory.release_mapped``),
+    so a quantizing load holds the integer model, not the float one too. Only for a model nothing
+    has written since it was loaded.
     """
     q = check(model, scheme, group_size, lm_head)
-    make = QUANT_LINEARS[q.scheme].from_linear
+    make = quantizer(QUANT_LINEARS[q.scheme])  # into the CPU kernels' panels where they run (fast/formats.py)
+    on_block = release_mapped_pages if release_mapped else None
     for name, lin in targets(model, q.lm_head):
         parent, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, leaf, make(lin, q.group_size))
+        setattr(model.get_submodule(parent) if parent else model, leaf, make(lin, q.group_size, on_block))
+        if release_mapped:
+            trim()  # and the freed temporaries' heap pages, so the peak stays the integer model
     model.quantization = q
-    prepare(model)  # the CPU kernels' panels where they run (fast/formats.py); nothing on meta or GPU
+    prepare(model)  # the bf16 linears left (fast/formats.py)
     return model.eval()

@@ -130,7 +130,9 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
     model.load_state_dict(state, strict=False, assign=True)
     model = materialize(model, cfg, device)
     if quantization is not None:
-        prepare(model)  # the integer weights in the CPU kernels' panels where they run (fast/formats.py)
+        # The integer weights in the CPU kernels' panels where they run (fast/formats.py); the mapped
+        # bytes each panel copy was made from give their pages back (read just now, written by none).
+        prepare(model, release_mapped=True)
     return model
 
 

@@ -33,6 +33,26 @@ def symmetric_scale(w: Tensor, qmax: int) -> Tensor:
     return torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
 
 
+BLOCK_BYTES = 8 << 20  # fp32 working set per block of rows while quantizing
+
+
+def row_blocks(n: int, k: int, multiple: int = 1) -> list[slice]:
+    """Blocks of output rows to quantize one at a time (each a multiple of ``multiple`` rows but the
+    last): both schemes are row-local, and a whole matrix in fp32 (a 128k-vocabulary head: 1 GB,
+    several temporaries deep) would dwarf the integer result, all a quantizing loader should hold."""
+    step = max(1, BLOCK_BYTES // (4 * max(1, k))) // multiple * multiple or multiple
+    return [slice(i, min(n, i + step)) for i in range(0, n, step)]
+
+
+def quantize_by_blocks(w: Tensor, quantize_rows, write, *, multiple: int = 1, on_block=None) -> None:
+    """``write(rows, *quantize_rows(w[rows]))`` for each block of ``row_blocks``; ``on_block(w[rows])``
+    after each (a loader gives the block's mapped pages back there)."""
+    for rows in row_blocks(*w.shape, multiple):
+        write(rows, *quantize_rows(w[rows]))
+        if on_block is not None:
+            on_block(w[rows])
+
+
 class QuantLinear(nn.Module):
     """Shared forward; subclasses define ``dequantized()`` -> (N, K) float32 and ``from_linear``,
     and ``cpu_product(x2)`` for the activation dtypes in ``cpu_product_dtypes`` (a product over
@@ -95,13 +115,30 @@ class Int8Linear(QuantLinear):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, lin: nn.Linear, group_size: int | None = None) -> Int8Linear:
-        scale = symmetric_scale(lin.weight, INT8_MAX)  # (N,)
-        q = torch.round(lin.weight.float() / scale[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    def from_linear(cls, lin: nn.Linear, group_size: int | None = None, on_block=None) -> Int8Linear:
+        w = lin.weight.detach()  # (N, K)
+        q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+        scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)  # (N,)
+
+        def write(rows: slice, q_rows: Tensor, s_rows: Tensor) -> None:
+            q[rows], scale[rows] = q_rows, s_rows
+
+        quantize_by_blocks(w, cls.quantize_rows, write, on_block=on_block)
         return cls(q, scale, lin.bias)
+
+    @staticmethod
+    def quantize_rows(w: Tensor, group_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """w (n, K) -> q (n, K) int8 and the row scales (n,) fp32."""
+        w = w.to(torch.float32, copy=True)  # a copy: quantized in place below
+        scale = symmetric_scale(w, INT8_MAX)  # (n,)
+        return w.div_(scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
     def dequantized(self) -> Tensor:
         return self.qweight.float() * self.scale[:, None]  # (N, K)
+
+    def values(self, rows: slice) -> tuple[Tensor, Tensor]:
+        """The signed values and scales of rows ``rows`` (what ``quantize_rows`` gives)."""
+        return self.qweight[rows], self.scale[rows]
 
     # Measured over 4 layers of the Llama-3.2-1B shape (243M weights, 2 threads, best of 5): bf16
     # activations 1 / 8 / 64 rows: 67 / 98 / 586 ms against 305 / 976 / 1154 ms for dequantise +
@@ -128,20 +165,38 @@ class Int4Linear(QuantLinear):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, lin: nn.Linear, group_size: int) -> Int4Linear:
-        N, K = lin.weight.shape
-        groups = lin.weight.float().reshape(N, K // group_size, group_size)  # (N, K/G, G)
-        scale = symmetric_scale(groups, INT4_MAX)  # (N, K/G)
-        q = torch.round(groups / scale[..., None]).clamp(-INT4_MAX, INT4_MAX).to(torch.int16)
-        return cls.from_values(q.reshape(N, K), scale, lin.bias, group_size)
+    def from_linear(cls, lin: nn.Linear, group_size: int, on_block=None) -> Int4Linear:
+        w = lin.weight.detach()  # (N, K)
+        N, K = w.shape
+        packed = torch.empty(N, K // 2, dtype=torch.uint8, device=w.device)
+        scale = torch.empty(N, K // group_size, dtype=torch.float32, device=w.device)  # (N, K/G)
+
+        def write(rows: slice, q_rows: Tensor, s_rows: Tensor) -> None:
+            packed[rows], scale[rows] = cls.pack(q_rows, group_size), s_rows
+
+        quantize_by_blocks(w, lambda rows: cls.quantize_rows(rows, group_size), write, on_block=on_block)
+        return cls(packed, scale, lin.bias, group_size)
+
+    @staticmethod
+    def quantize_rows(w: Tensor, group_size: int) -> tuple[Tensor, Tensor]:
+        """w (n, K) -> the signed values q (n, K) int16 in [-7, 7] and the group scales (n, K/G) fp32."""
+        n, K = w.shape
+        groups = w.to(torch.float32, copy=True).reshape(n, K // group_size, group_size)  # (n, K/G, G)
+        scale = symmetric_scale(groups, INT4_MAX)  # (n, K/G)
+        q = groups.div_(scale[..., None]).round_().clamp_(-INT4_MAX, INT4_MAX).to(torch.int16)
+        return q.reshape(n, K), scale
 
     @classmethod
     def from_values(cls, q: Tensor, scale: Tensor, bias: Tensor | None, group_size: int) -> Int4Linear:
         """From the signed values q (N, K) in [-8, 7] and their scales (N, K / G)."""
-        N, K = q.shape
-        halves = (q + 8).to(torch.uint8).reshape(N, K // group_size, 2, group_size // 2)  # (N, K/G, 2, G/2)
-        packed = halves[:, :, 0] | (halves[:, :, 1] << 4)  # (N, K/G, G/2)
-        return cls(packed.reshape(N, K // 2), scale, bias, group_size)
+        return cls(cls.pack(q, group_size), scale, bias, group_size)
+
+    @staticmethod
+    def pack(q: Tensor, group_size: int) -> Tensor:
+        """Signed values q (n, K) in [-8, 7] -> (n, K / 2) bytes, two nibbles each (module docstring)."""
+        n, K = q.shape
+        halves = (q + 8).to(torch.uint8).reshape(n, K // group_size, 2, group_size // 2)  # (n, K/G, 2, G/2)
+        return (halves[:, :, 0] | (halves[:, :, 1] << 4)).reshape(n, K // 2)  # (n, K/2)
 
     def nibbles(self) -> tuple[Tensor, Tensor]:
         """The signed values of each group's first and second half: (N, K/G, G/2) float each."""
@@ -151,8 +206,14 @@ class Int4Linear(QuantLinear):
 
     def unpacked(self) -> Tensor:
         """The signed int4 values (N, K) as int16."""
-        low, high = self.nibbles()
-        return torch.stack([low, high], dim=2).reshape(self.out_features, self.in_features).to(torch.int16)
+        return self.values(slice(None))[0]
+
+    def values(self, rows: slice) -> tuple[Tensor, Tensor]:
+        """The signed values (n, K) int16 and scales (n, K/G) of rows ``rows`` (as ``quantize_rows``)."""
+        G = self.group_size
+        packed = self.qweight[rows].view(-1, self.in_features // G, G // 2)  # (n, K/G, G/2)
+        halves = torch.stack([(packed & 0xF), (packed >> 4)], dim=2).to(torch.int16) - 8  # (n, K/G, 2, G/2)
+        return halves.reshape(packed.shape[0], self.in_features), self.scale[rows]
 
     def rows_product(self, x2: Tensor) -> Tensor:
         """Per row: sum over each group's two halves against the nibble planes, times the group's
