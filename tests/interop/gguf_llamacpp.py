@@ -97,7 +97,26 @@ FAMILIES = {
     "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True, rms_norm_eps=1e-6)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32, rms_norm_eps=1e-6)),
+    "llama-spm": ("LlamaConfig", dict(vocab_size=448, tie_word_embeddings=False)),  # a SentencePiece tokenizer
 }
+
+
+def spm_tokenizer(folder: Path, vocab: int) -> None:
+    """tokenizer.model: SentencePiece BPE trained on TEXTS with byte fallback; characters below
+    98% coverage are left to the byte pieces, so the fallback is exercised."""
+    import io
+
+    import sentencepiece as spm
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXTS * 20), model_writer=buf, vocab_size=vocab, model_type="bpe", byte_fallback=True,
+        character_coverage=0.98, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, minloglevel=2,
+    )  # fmt: skip
+    (folder / "tokenizer.model").write_bytes(buf.getvalue())
+    config = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>", "chat_template": CHAT}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
 
 
 @functools.cache
@@ -105,7 +124,7 @@ def hf_folder(family: str) -> Path:
     import transformers
 
     cls, extra = FAMILIES[family]
-    cfg = getattr(transformers, cls)(**SHAPE, **extra)
+    cfg = getattr(transformers, cls)(**{**SHAPE, **extra})
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # random norms (HF starts them at one) so a wrong norm shows in the logits
@@ -114,7 +133,10 @@ def hf_folder(family: str) -> Path:
                 p.uniform_(0.5, 1.5)
     folder = ROOT / family / "hf"
     model.save_pretrained(folder)
-    bpe_tokenizer(folder, SHAPE["vocab_size"] - 8)  # room for tokens a family's tokenizer class adds
+    if family.endswith("-spm"):
+        spm_tokenizer(folder, cfg.vocab_size)
+    else:
+        bpe_tokenizer(folder, SHAPE["vocab_size"] - 8)  # room for tokens a family's tokenizer class adds
     return folder
 
 
