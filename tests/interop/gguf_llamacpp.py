@@ -98,7 +98,10 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
     "qwen3": ("Qwen3Config", dict(tie_word_embeddings=False, head_dim=32, rms_norm_eps=1e-6)),
     "llama-spm": ("LlamaConfig", dict(vocab_size=448, tie_word_embeddings=False)),  # a SentencePiece tokenizer
+    "gemma": ("GemmaConfig", dict(vocab_size=448, head_dim=64)),
+    "gemma2": ("Gemma2Config", dict(vocab_size=448, head_dim=64, sliding_window=4)),
 }
+SENTENCEPIECE = ("llama-spm", "gemma", "gemma2")  # llama.cpp converts Gemma's tokenizer.model only
 
 
 def spm_tokenizer(folder: Path, vocab: int) -> None:
@@ -133,7 +136,7 @@ def hf_folder(family: str) -> Path:
                 p.uniform_(0.5, 1.5)
     folder = ROOT / family / "hf"
     model.save_pretrained(folder)
-    if family.endswith("-spm"):
+    if family in SENTENCEPIECE:
         spm_tokenizer(folder, cfg.vocab_size)
     else:
         bpe_tokenizer(folder, SHAPE["vocab_size"] - 8)  # room for tokens a family's tokenizer class adds

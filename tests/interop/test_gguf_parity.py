@@ -30,6 +30,9 @@ need_llama_cpp()
 
 IDS = [1, 17, 200, 45, 3, 99, 310, 7, 64, 128, 5, 250]
 FLOAT_TOL = {"F32": 1e-4, "F16": 2e-3}
+# ggml's CPU GELU reads a table of f16 inputs (GGML_GELU_FP16), so Gemma's MLP activations carry
+# f16 rounding even in an F32 file: ~2^-11 relative, 4e-4 measured on logits of size ~8.
+GELU_TOL = {"F32": 1e-3, "F16": 3e-3}
 QUANT_TOL = 0.1
 
 
@@ -48,15 +51,16 @@ def our_greedy(model, ids, n):
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2"])
 @pytest.mark.parametrize("kind", ["F32", "F16"])
 def test_float_logits_and_greedy_equal_llama_cpp(family, kind):
     path = gguf_file(family, kind)
-    assert (ours(path, IDS) - llama_logits(path, IDS)).abs().max() < FLOAT_TOL[kind]
+    tol = (GELU_TOL if family.startswith("gemma") else FLOAT_TOL)[kind]
+    assert (ours(path, IDS) - llama_logits(path, IDS)).abs().max() < tol
     assert our_greedy(from_gguf(path), IDS[:4], 32) == llama_greedy(path, IDS[:4], 32)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_quantized_logits_within_the_formats_error(family, kind):
     path = gguf_file(family, kind)

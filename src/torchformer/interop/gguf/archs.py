@@ -10,6 +10,8 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   rope kernel for llama pairs 2i with 2i+1). We undo it (interleaved_to_half), so a loaded model has
   one layout whatever file it came from; Qwen, Gemma and Phi-3 files are not permuted (llama.cpp
   runs them with NeoX-style rope).
+- ``gemma``, ``gemma2``: RMSNorm weights stored as 1 + w (llama.cpp's norm has no offset); we
+  subtract 1 (exact in fp32 for weights near 1, and our norm adds the 1 back).
 - Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
   as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
 """
@@ -29,14 +31,28 @@ from .container import GGUFFile, gguf_module
 class Arch:
     model_type: str  # the interop family (interop/hf.py FAMILIES) that reads it
     permuted_qk: bool = False  # llama.cpp permuted q/k rows to the interleaved RoPE layout
-    hf: dict = field(default_factory=dict)  # config.json values the family needs and GGUF does not say
+    norm_plus_one: bool = False  # norms stored as 1 + w (Gemma)
+    fields: dict = field(default_factory=dict)  # {arch}.KEY -> config.json key, copied when present
 
 
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", permuted_qk=True),
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
+    "gemma": Arch("gemma", norm_plus_one=True),
+    # llama.cpp scales gemma2's scores by head_dim ** -0.5 (d_model / n_heads for the 27B alone): the
+    # config's query_pre_attn_scalar default; windows alternate from layer 0 as transformers' default.
+    "gemma2": Arch(
+        "gemma2",
+        norm_plus_one=True,
+        fields={
+            "attn_logit_softcapping": "attn_logit_softcapping",
+            "final_logit_softcapping": "final_logit_softcapping",
+            "attention.sliding_window": "sliding_window",
+        },
+    ),
 }
+NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "output_norm", "attn_q_norm", "attn_k_norm")
 SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)
 AUX_TENSORS = ("rope_freqs.weight",)  # read into the config, not weights
 
@@ -70,7 +86,7 @@ def hf_config(f: GGUFFile) -> dict:
         "attention_bias": "blk.0.attn_q.bias" in f.tensors,
         "rope_parameters": {"rope_theta": key("rope.freq_base", 10000.0), **_rope_scaling(f, name)},
         **{t: f.get(f"tokenizer.ggml.{t}") for t in ("bos_token_id", "eos_token_id", "pad_token_id")},
-        **arch.hf,
+        **{theirs: f.get(f"{name}.{ours}") for ours, theirs in arch.fields.items() if f"{name}.{ours}" in f.meta},
     }
     return hf
 
@@ -114,4 +130,6 @@ def row_transforms(arch_name: str, hf: dict, to_gguf: bool) -> dict[str, Callabl
             out[leaf] = (
                 (lambda t, n=n: half_to_interleaved(t, n)) if to_gguf else (lambda t, n=n: interleaved_to_half(t, n))
             )
+    if arch.norm_plus_one:
+        out.update({leaf: (lambda t: t + 1) if to_gguf else (lambda t: t - 1) for leaf in NORMS})
     return out
