@@ -101,7 +101,11 @@ FAMILIES = {
     "gemma": ("GemmaConfig", dict(vocab_size=448, head_dim=64)),
     "gemma2": ("Gemma2Config", dict(vocab_size=448, head_dim=64, sliding_window=4)),
 }
-SENTENCEPIECE = ("llama-spm", "gemma", "gemma2")  # llama.cpp converts Gemma's tokenizer.model only
+FAMILIES["phi3"] = ("Phi3Config", dict(vocab_size=448, pad_token_id=0, tie_word_embeddings=False))
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 32 for i in range(32)],
+            "long_factor": [1.0 + i / 4 for i in range(32)], "original_max_position_embeddings": 64}  # fmt: skip
+FAMILIES["phi3-long"] = ("Phi3Config", dict(FAMILIES["phi3"][1], rope_scaling=LONGROPE))
+SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "phi3", "phi3-long")  # llama.cpp converts Gemma's tokenizer.model only
 
 
 def spm_tokenizer(folder: Path, vocab: int) -> None:

@@ -51,7 +51,7 @@ def our_greedy(model, ids, n):
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi3-long"])
 @pytest.mark.parametrize("kind", ["F32", "F16"])
 def test_float_logits_and_greedy_equal_llama_cpp(family, kind):
     path = gguf_file(family, kind)
@@ -60,7 +60,7 @@ def test_float_logits_and_greedy_equal_llama_cpp(family, kind):
     assert our_greedy(from_gguf(path), IDS[:4], 32) == llama_greedy(path, IDS[:4], 32)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "phi3"])
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_quantized_logits_within_the_formats_error(family, kind):
     path = gguf_file(family, kind)

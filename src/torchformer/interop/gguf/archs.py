@@ -12,6 +12,10 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   runs them with NeoX-style rope).
 - ``gemma``, ``gemma2``: RMSNorm weights stored as 1 + w (llama.cpp's norm has no offset); we
   subtract 1 (exact in fp32 for weights near 1, and our norm adds the 1 back).
+- ``phi3``: fused attn_qkv / ffn_up (gate; up) split by the phi3 key map; LongRoPE from the
+  rope_factors_long/short tensors. llama.cpp picks the long factors when the context it was
+  started with exceeds the original one, we (as transformers) when the sequence does: the same
+  below the original length, which is what the tests cover.
 - Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
   as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
 """
@@ -51,10 +55,11 @@ ARCHS: dict[str, Arch] = {
             "attention.sliding_window": "sliding_window",
         },
     ),
+    "phi3": Arch("phi3", fields={"attention.sliding_window": "sliding_window"}),  # 0: none (the converter's)
 }
 NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "output_norm", "attn_q_norm", "attn_k_norm")
 SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)
-AUX_TENSORS = ("rope_freqs.weight",)  # read into the config, not weights
+AUX_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")  # config, not weights
 
 
 def arch_of(f: GGUFFile) -> tuple[str, Arch]:
@@ -88,6 +93,9 @@ def hf_config(f: GGUFFile) -> dict:
         **{t: f.get(f"tokenizer.ggml.{t}") for t in ("bos_token_id", "eos_token_id", "pad_token_id")},
         **{theirs: f.get(f"{name}.{ours}") for ours, theirs in arch.fields.items() if f"{name}.{ours}" in f.meta},
     }
+    hf["partial_rotary_factor"] = key("rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
+    if hf.get("sliding_window") == 0:
+        hf["sliding_window"] = None
     return hf
 
 
@@ -97,6 +105,11 @@ def _rope_scaling(f: GGUFFile, name: str) -> dict:
         raise ValueError(f"{f.path}: {name}.rope.scaling.type={kind!r} is not supported; supported: {list(SCALINGS)}")
     factor = f.get(f"{name}.rope.scaling.factor")
     original = f.get(f"{name}.rope.scaling.original_context_length")
+    if "rope_factors_long.weight" in f.tensors:  # Phi-3's LongRoPE: both factor lists as tensors
+        factors = {k: [float(x) for x in f.tensors[f"rope_factors_{k}.weight"].data] for k in ("long", "short")}
+        return {"rope_type": "longrope", "short_factor": factors["short"], "long_factor": factors["long"],
+                "attention_factor": f.get(f"{name}.rope.scaling.attn_factor"),
+                "original_max_position_embeddings": original}  # fmt: skip
     if "rope_freqs.weight" in f.tensors:  # Llama 3 (and any per-frequency table): exactly these divisors
         freqs = [float(x) for x in f.tensors["rope_freqs.weight"].data]
         return {
