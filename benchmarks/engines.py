@@ -127,24 +127,30 @@ def log(msg: str) -> None:
     print(f"[engines] {msg}", file=sys.stderr, flush=True)
 
 
-def train_tokenizer(folder: Path, vocab: int) -> None:
-    """tokenizer.json (byte-level BPE, 8192 merges learnt from the stdlib, padded to ``vocab``)."""
+def byte_level_bpe(texts, vocab: int, trained: int, specials: list[str]) -> dict:
+    """tokenizer.json's content: a byte-level BPE of ``trained`` tokens learnt from ``texts``,
+    padded with merges to ``vocab`` (pad_merges). Also the GGUF tests' tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from benchmarks.serve import corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(
-        vocab_size=min(vocab, 8192), special_tokens=["<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>"],
-        initial_alphabet=alphabet, show_progress=False,
+        vocab_size=trained, special_tokens=specials, initial_alphabet=alphabet, show_progress=False
     )
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(texts, trainer)
     raw = json.loads(tok.to_str())
     pad_merges(raw["model"]["vocab"], raw["model"]["merges"], sorted(alphabet), vocab)
-    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    return raw
+
+
+def train_tokenizer(folder: Path, vocab: int) -> None:
+    """tokenizer.json (byte-level BPE, 8192 merges learnt from the stdlib, padded to ``vocab``)."""
+    from benchmarks.serve import corpus
+
+    specials = ["<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>"]
+    (folder / "tokenizer.json").write_text(json.dumps(byte_level_bpe(corpus(), vocab, min(vocab, 8192), specials)))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, "add_bos_token": False}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.engines import CACHE, CONVERT, llama_source, pad_merges
+from benchmarks.engines import CACHE, CONVERT, byte_level_bpe, llama_source
 
 ROOT = Path(tempfile.mkdtemp(prefix="tfm-gguf-"))
 atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
@@ -43,23 +43,11 @@ CHAT = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-QUANT_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K_M")
 
 
 def bpe_tokenizer(folder: Path, vocab: int) -> None:
     """tokenizer.json: a byte-level BPE trained on TEXTS, padded with merges to exactly ``vocab``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab, special_tokens=SPECIALS, initial_alphabet=alphabet, show_progress=False
-    )
-    tok.train_from_iterator(TEXTS * 4, trainer)
-    raw = json.loads(tok.to_str())
-    pad_merges(raw["model"]["vocab"], raw["model"]["merges"], sorted(alphabet), vocab)
+    raw = byte_level_bpe(TEXTS * 4, vocab, vocab, SPECIALS)
     (folder / "tokenizer.json").write_text(json.dumps(raw))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
