@@ -140,7 +140,7 @@ def test_requests_arriving_together_are_prefilled_in_one_batch_and_each_equals_g
     monkeypatch.setattr(
         engine_module,
         "prefill_rows",
-        lambda m, c, start, ps: (batches.append((start, list(ps))), real(m, c, start, ps))[1],
+        lambda m, c, start, ps, *rest: (batches.append((start, list(ps))), real(m, c, start, ps, *rest))[1],
     )
     engine = make_engine(model, slots=4)
     sinks = [Collect() for _ in TOGETHER]

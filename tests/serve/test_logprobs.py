@@ -128,7 +128,8 @@ def test_chat_logprobs_are_the_models_before_the_processors(server, reference, t
         )
     )
     streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert [e.token for e in streamed] == [e.token for e in content]  # the same prompt, now cached: within 1e-5
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=TOL)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == out.choices[0].message.content
 
 

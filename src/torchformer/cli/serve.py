@@ -106,6 +106,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantization (tfm.quantize)")
     add_dtype(p)
     p.add_argument("--compile", action="store_true", help="torch.compile the batched decode step")
+    p.add_argument(
+        "--no-prefix-cache",
+        action="store_true",
+        help="prefill every prompt whole (default: a request reuses the longest prompt prefix a free row holds)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -225,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
         max_model_len=length.value,
         embedding=folder_settings(folder) if folder is not None and folder.is_dir() else None,
+        prefix_cache=not args.no_prefix_cache,
     )
     name = args.served_model_name or (folder.resolve().name if folder is not None else args.model)
     app = create_app(

@@ -178,7 +178,7 @@ class Server:
                 if isinstance(event, Failed):
                     return error_response(event.error)
                 choices[event.index].add(event, echo)
-            use = usage(len(ids), sum(c.done.completion_tokens for c in choices))
+            use = usage(len(ids), sum(c.done.completion_tokens for c in choices), choices[0].done.cached_tokens)
             return JSONResponse(shape.full(choices, use))
         finally:
             watcher.cancel()
@@ -196,7 +196,7 @@ class Server:
             first = shape.first(index, params.include_usage)
             if first is not None:
                 yield sse(first)
-        done, completion_tokens = 0, 0
+        done, completion_tokens, cached = 0, 0, 0
         while done < params.n:
             event = await queue.get()
             if isinstance(event, Failed):  # the OpenAI client raises APIError on an "error" event
@@ -212,9 +212,10 @@ class Server:
                     yield sse(shape.chunk(i, text, ids, None, params.include_usage, part))
             elif isinstance(event, Done):
                 done, completion_tokens = done + 1, completion_tokens + event.completion_tokens
+                cached = event.cached_tokens
                 yield sse(shape.chunk(i, "", None, event.finish_reason, params.include_usage))
         if params.include_usage:
-            yield sse(shape.usage_chunk(usage(len(shape.prompt_ids), completion_tokens)))
+            yield sse(shape.usage_chunk(usage(len(shape.prompt_ids), completion_tokens, cached)))
         yield sse("[DONE]")
 
     async def models(self, request: Request):

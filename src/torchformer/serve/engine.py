@@ -36,6 +36,7 @@ from .embeddings import wrong_task
 from .jobs import Event, Job
 from .metrics import Metrics
 from .model_len import for_loaded
+from .prefix import Rows
 from .protocol import APIError, Params, bad, new_tokens
 from .rows import decode_rows
 from .scheduler import Scheduler
@@ -57,6 +58,7 @@ class Engine(Scheduler):
         stall_timeout: float = 120.0,
         max_model_len: int | None = None,
         embedding: dict | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         """``load`` gives a decoder (generation) or an encoder (embeddings; ``embedding``: pooling,
         normalize and max_length as evaluation.embed.folder_settings reads them)."""
@@ -83,6 +85,8 @@ class Engine(Scheduler):
         self.task: str | None = None  # once loaded: "generate" (a decoder) or "embed" (an encoder)
         self.embedding = {"pooling": "mean", "normalize": True, "max_length": None, **(embedding or {})}
         self.calls = Calls(self.wake, slots + max_queue)  # embedding batches, run between steps
+        self.prefix_cache = prefix_cache  # place requests by the prefix their row holds (prefix.py)
+        self.held = Rows(slots)
         # Prompt + new tokens a request may use, the cache's length: None = what fits (model_len.py).
         self.max_model_len = max_model_len
         self.context = max_model_len or 0  # the length in use once the model has loaded

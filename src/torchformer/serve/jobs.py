@@ -45,6 +45,7 @@ class Done(NamedTuple):
     prompt_tokens: int
     completion_tokens: int
     index: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the row's cache, not prefilled (prefix.py)
 
 
 class Failed(NamedTuple):
@@ -76,6 +77,7 @@ class Job:
         # Set when the job gets a row (engine thread only).
         self.row: int | None = None
         self.pos = 0  # position of the next input token
+        self.cached = 0  # prompt tokens reused from the row's cache
         self.last_time = 0.0
         self.generator: torch.Generator | None = None
         self.history: History | None = None
@@ -125,7 +127,7 @@ class Job:
     def finish(self, reason: str, metrics: Metrics) -> None:
         metrics.finish(reason)
         metrics.tokens(len(self.prompt) if self.index == 0 else 0, len(self.tokens))  # the prompt once
-        self.sink(Done(reason, len(self.prompt), len(self.tokens), self.index))
+        self.sink(Done(reason, len(self.prompt), len(self.tokens), self.index, self.cached))
 
     def fail(self, error: APIError, metrics: Metrics) -> None:
         metrics.finish("error")

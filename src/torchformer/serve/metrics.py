@@ -6,7 +6,7 @@ What inference gateways and routers scrape, next to vLLM's names (docs/tutorials
 ``kv_cache_usage_perc`` (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc: a fraction in
 [0, 1] of the cache's positions that running requests hold), ``prefix_cache_hits_total`` and
 ``prefix_cache_queries_total`` (vllm:prefix_cache_hits / prefix_cache_queries: prompt tokens found
-in a row's cache / prompt tokens looked up; hits stay 0 while rows are not reused by prefix)."""
+in a row's cache and not prefilled (prefix.py) / prompt tokens of the prefilled requests)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,12 @@ from .jobs import Delta, Done, Prompt
 from .logprob_shapes import ChatLogprobs, CompletionLogprobs, TokenText
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},  # reused from a row's cache (prefix.py)
     }
 
 

@@ -32,17 +32,18 @@ PREFILL_TOKENS = 2048  # padded tokens in one batched prefill: bounds its activa
 PAD_SLACK = 64  # pad tokens a batched prefill may add beyond a quarter of its real ones
 
 
-def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+def prefill_rows(model, cache: KVCache, start: int, prompts: list[list[int]], offset: int = 0) -> tuple[Tensor, Tensor]:
     """Run prompts into rows start..start+b-1 of the cache in one forward: logits (b, V) for each
     one's first new token, and the hidden states (b, T, D) (prompt logprobs read them). Shorter
     prompts are right-padded; the pad tokens' attention_mask is 0, so their keys go to the hidden
     slot and each row ends as its own prefill would leave it (its queries see only its own slots
-    at positions <= theirs)."""
+    at positions <= theirs). ``offset``: the rows already hold slots 0..offset-1 (a reused
+    prefix, prefix.py) and the prompts are the tokens after it, at positions offset.. ."""
     b, T = len(prompts), max(map(len, prompts))
-    view = rows_view(cache, start, start + b, span(T, cache.max_len))
+    view = rows_view(cache, start, start + b, span(offset + T, cache.max_len))
     device = cache.layers[0].k.device
     ids = torch.tensor([p + [0] * (T - len(p)) for p in prompts], device=device)  # (b, T)
-    pos = torch.arange(T, device=device)[None, :].expand(b, T)  # (b, T)
+    pos = torch.arange(offset, offset + T, device=device)[None, :].expand(b, T)  # (b, T)
     mask = None
     if any(len(p) < T for p in prompts):
         mask = torch.tensor([[1] * len(p) + [0] * (T - len(p)) for p in prompts], device=device)  # (b, T)

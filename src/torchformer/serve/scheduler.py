@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def free(self, job: Job) -> None:
+        """The row is free; its cache keeps the tokens written (the last chosen one is not)."""
         self.rows[job.row] = None
+        self.held.hold(job.row, (job.prompt + job.tokens)[: job.pos - 1])
         self.admission.give_back()
 
     def drop(self) -> None:
@@ -58,13 +60,24 @@ class Scheduler:
             if not group[0].cancelled and now <= group[0].deadline:
                 ready.append(group)
         ready.sort(key=lambda g: len(g[0].prompt))
+        hits = []  # (row, group, reused tokens): prefilled alone, after the reused prefix
+        for group in list(ready) if self.prefix_cache else ():
+            if not (group[0].params.echo and group[0].params.logprobs is not None):  # echo scores the whole prompt
+                row, hit = self.held.best(free, group[0].prompt)
+                if row is not None:
+                    hits.append((row, group, hit))
+                    free.remove(row)
+                    ready.remove(group)
         rest = iter(free[len(ready) :])
         placed = [(row, g, [next(rest) for _ in g[1:]]) for row, g in zip(free, ready)]
         for batch in prefill_batches([(row, g[0].prompt) for row, g, _ in placed]):
             self.prefill([placed[i] for i in batch])
+        for row, group, hit in hits:
+            self.prefill([(row, group, [next(rest) for _ in group[1:]])], hit)
 
-    def prefill(self, batch: list[tuple[int, list[Job], list[int]]]) -> None:
-        """One batched prefill of the groups' first jobs into consecutive rows."""
+    def prefill(self, batch: list[tuple[int, list[Job], list[int]]], reused: int = 0) -> None:
+        """One batched prefill of the groups' first jobs into consecutive rows (``reused``: one row
+        whose first tokens are cached, so only the rest is prefilled)."""
         started = []
         for row, group, _ in batch:
             try:
@@ -77,8 +90,9 @@ class Scheduler:
         try:
             # A failed start leaves a hole: the others still need consecutive rows, so the batch
             # keeps its rows and the hole's prompt is a dummy one whose row stays free.
-            prompts = [g[0].prompt if g[0] in started else [0] for _, g, _ in batch]
-            logits, hidden = prefill_rows(self.model, self.cache, batch[0][0], prompts)  # (b, V), (b, T, D)
+            prompts = [g[0].prompt[reused:] if g[0] in started else [0] for _, g, _ in batch]
+            self.held.written([row for row, _, _ in batch], reused)
+            logits, hidden = prefill_rows(self.model, self.cache, batch[0][0], prompts, reused)  # (b, V), (b, T, D)
         except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
             for _, group, _ in batch:
                 if group[0] in started:
@@ -88,12 +102,15 @@ class Scheduler:
             if group[0] not in started:
                 continue
             try:
-                self.metrics.prefix(len(group[0].prompt), 0)  # no prefix reuse yet: every token prefilled
+                group[0].cached = reused
+                self.metrics.prefix(len(group[0].prompt), reused)
                 firsts = first_tokens(
                     self.model, self.cache, group, rows, logits[i : i + 1], hidden[i], self.texts.vocab_size
                 )
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
                 self.fail_group(group, err)
+                for row in rows:  # a copy into them may have begun
+                    self.held.forget(row)
                 continue
             self.place(group, *firsts)
 
@@ -102,6 +119,7 @@ class Scheduler:
             if job.params.echo:
                 job.sink(Prompt(echo, job.index))
             if not tokens:  # max_tokens 0: the prompt scored, nothing generated
+                self.held.hold(job.row, job.prompt)
                 job.finish("length", self.metrics)
                 self.admission.give_back()
                 continue
@@ -141,7 +159,10 @@ class Scheduler:
             for job in jobs:
                 self.fail(job, "the decode step failed", err)
                 self.free(job)
+                self.held.forget(job.row)  # what the step wrote is unknown
             return
+        if length < self.cache.max_len:  # the idle rows' dummy keys went to slot ``length`` (prefix.py)
+            self.held.written([r for r, j in enumerate(rows) if j is None], length)
         tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
         failed = set()
         for job in jobs:
