@@ -11,6 +11,7 @@ import torch
 import torchformer as tfm
 from tests.serve.conftest import NAME, client, httpx, make_engine
 from tests.serve.test_engine import Collect, options
+from torchformer.serve.prefix import MIN_REUSE
 
 
 def generated(model, prompt, n) -> list[int]:
@@ -68,8 +69,8 @@ def test_a_slot_written_while_the_row_was_idle_is_not_reused(tiny):
             engine.submit(long_a, options(1), sinks[0])
             engine.submit(long_b, options(1), sinks[1])
         assert all(s.ended.wait(30) for s in sinks)
-        short = long_b[:10] + [3, 4]
-        assert ask(engine, short, 20).end.cached_tokens == 10  # in row 1; row 0 idle at slot 64
+        short = long_b[:20] + [3, 4]
+        assert ask(engine, short, 20).end.cached_tokens == 20  # in row 1; row 0 idle at slot 64
         again = ask(engine, long_a, 6)
         assert again.end.cached_tokens == 64
         assert again.tokens == generated(tiny, long_a, 6)
@@ -92,3 +93,16 @@ def test_cached_tokens_in_usage_and_metrics(server, tiny):
     after = httpx.get(f"{url}/metrics").text
     now = [line for line in after.splitlines() if line.startswith("torchformer_serve_prefix_cache_hits_total")]
     assert float(now[0].split()[1]) - float(hits[0].split()[1]) >= 30 + 31
+
+
+def test_a_short_shared_prefix_keeps_the_batched_prefill(tiny):
+    """Under MIN_REUSE shared tokens (a chat template's opening) a request is prefilled with the
+    others, whole."""
+    engine = make_engine(tiny, slots=2)
+    try:
+        (opening,) = prompts([MIN_REUSE - 1], seed=4)
+        ask(engine, opening + [20, 21], 2)
+        again = ask(engine, opening + [22], 4)
+        assert again.end.cached_tokens == 0 and again.tokens == generated(tiny, opening + [22], 4)
+    finally:
+        engine.stop()

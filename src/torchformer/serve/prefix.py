@@ -14,6 +14,10 @@ logprobs (echo) is prefilled whole.
 
 from __future__ import annotations
 
+# Fewer shared tokens are not worth leaving the batched prefill (rows.py) for a prefill of its own:
+# a chat template's opening tokens are shared by every request.
+MIN_REUSE = 16
+
 
 def common(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix."""
@@ -43,10 +47,10 @@ class Rows:
 
     def best(self, free: list[int], prompt: list[int]) -> tuple[int | None, int]:
         """(row, reused tokens): the free row sharing the longest prefix with ``prompt``, at most
-        all of it but its last token; (None, 0) when none shares any."""
-        best_row, best_hit = None, 0
+        all of it but its last token; (None, 0) when none shares MIN_REUSE tokens."""
+        best_row, best_hit = None, MIN_REUSE - 1
         for row in free:
             hit = min(common(self.held[row], prompt), len(prompt) - 1)
             if hit > best_hit:
                 best_row, best_hit = row, hit
-        return best_row, best_hit
+        return (best_row, best_hit) if best_row is not None else (None, 0)
