@@ -64,3 +64,22 @@ def test_serve_a_gguf_file_does_chat():
     tok = tfm.load_tokenizer(gguf_file("llama"))
     assert out.usage.completion_tokens == 3
     assert out.usage.prompt_tokens == len(tok.encode("<|user|>hi<|assistant|>").ids)  # the file's template
+
+
+def test_a_recipe_fine_tunes_from_a_gguf_file(tmp_path):
+    from tests.training.tiny import tiny_recipe
+    from torchformer.training import recipe as recipes
+    from torchformer.training.train import train
+
+    data = tmp_path / "data.txt"
+    data.write_text("\n".join(TEXTS * 20))
+    raw = tiny_recipe(tmp_path / "ft", data, train={"steps": 2, "eval_every": 2}).to_dict()
+    raw["model"] = {"init": str(gguf_file("llama-tied"))}
+    raw["finetune"] = {"lora": None}
+    run = train(recipes.from_dict(raw))
+    start = tfm.from_gguf(gguf_file("llama-tied"))
+    assert run.model.config == start.config
+    tok = tfm.load_tokenizer(tmp_path / "ft")  # the run keeps the file's tokenizer
+    assert tok.encode(TEXTS[2]).ids == tfm.load_tokenizer(gguf_file("llama-tied")).encode(TEXTS[2]).ids
+    moved = [n for n, t in run.model.state_dict().items() if not torch.equal(t, start.state_dict()[n])]
+    assert moved  # it trained from the file's weights

@@ -31,7 +31,7 @@ from torch import nn
 from .. import lora
 from ..atomic import fsync_path
 from ..config import ModelConfig
-from ..loading import TOKENIZER_FILE, load_any, model_kind
+from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind
 from ..models.saving import WEIGHTS_FILE, unique_state
 from .checkpoint import ADAPTERS, STATE
 
@@ -98,7 +98,7 @@ def check(recipe) -> None:
     """Before any work: a quantized model.init trains only adapters; the LoRA targets exist in the
     model (built on the meta device, no weights)."""
     from ..models.build import build_model
-    from ..models.saving import load_config, read_config
+    from ..models.saving import read_config
 
     spec = recipe.finetune.lora
     init = init_of(recipe)
@@ -119,17 +119,11 @@ def check(recipe) -> None:
     if init is None:
         cfg = recipe.model_config(8, {})
     else:
-        cfg = load_config(init) if model_kind(init) == "torchformer" else _hf_config(init)
+        cfg = model_config(init)  # a checkpoint's, an HF folder's or a .gguf file's
     with torch.device("meta"):
         model = build_model(cfg)
         quantize_base(recipe, model)  # finetune.group_size must divide every projection's input width
         lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
-
-
-def _hf_config(init: str) -> ModelConfig:
-    from ..interop.hf import config_from_hf
-
-    return config_from_hf(init)
 
 
 def init_of(recipe) -> str | None:
@@ -143,6 +137,8 @@ def init_tokenizer(recipe) -> str | None:
     init = init_of(recipe)
     if init is None:
         return None
+    if model_kind(init) == "gguf":  # the tokenizer its metadata describes
+        return load_tokenizer(init).to_str()
     file = Path(init) / TOKENIZER_FILE
     if not file.is_file():
         raise FileNotFoundError(
