@@ -12,7 +12,7 @@ EXTRAS ?= dev,bench,gguf,engines
 # run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).
 TEST_WORKERS ?= 2
 
-.PHONY: install test demo lint bench bench-engines clean browser docs
+.PHONY: install test test-native-off demo lint bench bench-engines clean browser docs
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml constraints.txt
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
+
+# The generation tests once more on the library paths alone (TORCHFORMER_NATIVE=0: no native
+# kernels, as a CPU without AVX-512 or a compiler runs them); CI runs it after `make test`.
+test-native-off: $(STAMP)
+	TORCHFORMER_NATIVE=0 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests/generation
 
 # The attention explorer's test opens its HTML in Debian's headless chromium (via chromium-driver);
 # installed only when missing. CI and the project's machines run as root with Debian's archive.

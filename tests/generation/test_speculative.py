@@ -170,9 +170,10 @@ def test_bad_arguments_are_clear_errors():
 
 
 def test_the_verify_chunk_runs_over_packed_weights_from_three_rows(monkeypatch):
-    from torchformer.nn import packed
+    from torchformer.fast import panels as packed
 
     model = build(DECODERS[0], init_std=0.1)
+    modules = list(model.modules())
     calls, real = [], packed.pack
     monkeypatch.setattr(packed, "pack", lambda m: (calls.append(m), real(m))[1])
     ids = torch.tensor([[3, 8, 5, 3, 8, 5, 3]])
@@ -182,4 +183,4 @@ def test_the_verify_chunk_runs_over_packed_weights_from_three_rows(monkeypatch):
         calls.clear()
         assert torch.equal(tfm.generate(model, ids, max_new_tokens=12, prompt_lookup_num_tokens=k), plain)
         assert calls == [model] * packs, f"k={k}"
-    assert packed._COPIES == {}, "the copies go when generation ends"
+    assert list(model.modules()) == modules, "the twins and their copies go when generation ends"

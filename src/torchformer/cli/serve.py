@@ -140,13 +140,8 @@ def loader(spec: str, quantize: str | None, seed: int, dtype: torch.dtype | None
     """What the engine thread calls to get the model (it loads there: /health is 503 meanwhile).
     The cast comes first, so quantized linears run with activations in ``dtype``."""
 
-    def load():
-        model = load_any(spec, seed=seed, dtype=dtype).eval()
-        if quantize is None:
-            return model
-        from ..models.quantize import quantize as quantize_model
-
-        return quantize_model(model, quantize)
+    def load():  # quantized as it is read: the float weights are never all held (tfm.load_any)
+        return load_any(spec, seed=seed, dtype=dtype, quantize=quantize).eval()
 
     return load
 

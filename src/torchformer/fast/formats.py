@@ -33,9 +33,9 @@ from torch import Tensor, nn
 
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
-from ..nn.packed import LANES, panels
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
 from .native import kernels
+from .panels import LANES, panels
 
 
 @functools.cache

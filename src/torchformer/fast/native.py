@@ -1,7 +1,7 @@
 """The project's CPU kernels (csrc/), compiled on first use by torch's extension loader.
 
 - ``panel_mm`` / ``torchformer::panel_linear`` (kernels.cpp): few-row products over fp32 weights
-  packed in 16-row panels (nn/packed.py), with the registry of current panels the op reads.
+  packed in 16-row panels (fast/panels.py); the op multiplies plainly once the weight has changed.
 - ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
 - ``torchformer::bf16_mm`` / ``int8_mm`` / ``int4_mm`` (formats.cpp): products over bf16, int8 and
@@ -54,7 +54,8 @@ def kernels():
             if not (folder / f"{NAME}.so").exists():
                 log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
             module = load(name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(folder))
-        torch.library.register_fake("torchformer::panel_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+        fake = torch.library.register_fake("torchformer::panel_linear")
+        fake(lambda x, w, panels, version: x.new_empty((x.shape[0], w.shape[0])))
         return module
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the library paths still work
         log.warning("torchformer: the CPU kernels could not be built (%s); using oneDNN and SDPA instead", err)

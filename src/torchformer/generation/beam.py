@@ -88,7 +88,7 @@ def beam_search(
     if n_best > beam_size:
         raise ValueError(f"n_best={n_best}: must be <= beam_size={beam_size}")
     check_float("length_penalty", length_penalty, lambda a: True, "must be a finite number")
-    with packed(model, input_ids.shape[0] * beam_size):  # few-row products over packed weights (nn/packed.py)
+    with packed(model, input_ids.shape[0] * beam_size):  # few-row products over packed weights (fast/panels.py)
         sequences, scores = search(model, req, beam_size, n_best, float(length_penalty), bool(compile))
     return Beams(sequences.clone(), scores.clone())  # clone: normal tensors, usable with autograd
 

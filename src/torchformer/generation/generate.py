@@ -56,7 +56,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
     was chosen from. Finished rows yield pad_token_id. Both are inference tensors (clone them to
     use them in autograd)."""
-    # A batch's few-row products run over packed weights (nn/packed.py), freed at the end.
+    # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
         logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
         step = steady(step_function(req.seq2seq, compiled), compiled)

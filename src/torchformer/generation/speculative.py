@@ -136,7 +136,7 @@ class LookupProposer:
 @torch.inference_mode()
 def speculate(model, req: Request, s: Sampling, generator, compiled: bool, proposer_of, k: int, stats: Acceptance):
     """Yield each new token (1,); ``proposer_of(prompt, max_len)`` makes the proposer."""
-    # The target's verify chunk multiplies k + 1 rows by every weight: packed products (nn/packed.py).
+    # The target's verify chunk multiplies k + 1 rows by every weight: packed products (fast/panels.py).
     with packed(model, k + 1):
         yield from rounds(model, req, s, generator, compiled, proposer_of, k, stats)
 

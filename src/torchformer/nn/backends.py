@@ -23,10 +23,11 @@ position + 1, a 0-d tensor computed in the graph) to the custom op ``torchformer
 which reads that count (a host read: CPU only, where it costs nothing) and runs the same SDPA
 over that prefix of keys, mask and bias. torch.compile sees an opaque op: one graph for every
 step, each step the work of its real length. The slots cut off are masked for every query (exact
-zero weights), so only the kernel's blocking of the sums changes (fp32 reassociation). A step
-with one query per row (decoding) runs the decode kernel of fast/native.py where it is built:
-one pass over each row's keys and values per KV head, ~1.5x faster than SDPA's flash kernel
-there (72 against 108 us per layer at 8 rows x 8 heads x 75 keys, 1 thread).
+zero weights), so only the kernel's blocking of the sums changes (fp32 reassociation). On the
+CPU, a step with one query per row (decoding) runs the decode kernel where it is built
+(fast/attention.py registers it as the op's CPU kernel; nn/ knows nothing of it): one pass over
+each row's keys and values per KV head, ~1.5x faster than SDPA's flash kernel there (72 against
+108 us per layer at 8 rows x 8 heads x 75 keys, 1 thread).
 ``math_attention`` stays the plain reference.
 """
 
@@ -36,7 +37,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..fast.native import kernels
 from .patterns import Pattern
 
 
@@ -142,12 +142,13 @@ def prefix_sdpa(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live: Tens
 
     Without sdpa_attention's guard for query rows that see no key: in a cached step every query
     sees slot 0..its position (causal; a window always holds the query's own slot), so none is
-    empty. Called per layer per step: what it skips is most of its cost at batch 1."""
-    n = int(live)
-    fp32 = q.dtype == k.dtype == v.dtype == torch.float32 and (term is None or term.dtype == torch.float32)
-    unit = q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    if q.shape[2] == 1 and fp32 and unit and kernels() is not None:  # one query per row (decoding)
-        return kernels().decode_attention(q, k, v, term, n, scale)  # (B, H, 1, E)
+    empty. Called per layer per step: what it skips is most of its cost at batch 1. On the CPU,
+    fast/attention.py registers the kernel that runs instead (the decode kernel where it applies)."""
+    return sdpa_prefix(q, k, v, term, int(live), scale)
+
+
+def sdpa_prefix(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, n: int, scale: float) -> Tensor:
+    """SDPA over the first n slots (``prefix_sdpa``'s arithmetic)."""
     term = None if term is None else term[..., :n]  # (B, 1|H, T, n)
     return F.scaled_dot_product_attention(q, k[:, :, :n], v[:, :, :n], attn_mask=term, scale=scale,
                                           enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip

@@ -18,23 +18,19 @@ time (``torch.compiler.is_compiling()`` is a constant while dynamo traces), so e
 unchanged and a compiled graph holds exactly one formulation; fp32 sums differ from MKL's only by
 reassociation.
 
-Packed (``Linear.prepacked``, set by nn/packed.py for the duration of a batched decode): products
-of MIN_ROWS or more rows that autograd does not track go through the weight's packed copy, eager
-and compiled (the panel kernel: 4.5 against MKL's 12.8 ms at 8 rows over the decode benchmark's
-92 MB, 2 threads; oneDNN where the kernel cannot run, then only above COMPILED_ROWS when compiled).
+Batched decoding on the CPU goes further: fast/panels.py swaps these modules, for the scope of a
+generation, for twins that multiply 3+ rows over a packed copy of the weight (the panel kernel:
+4.5 against MKL's 12.8 ms at 8 rows over the decode benchmark's 92 MB, 2 threads). This module
+knows nothing of it.
 
 Same parameters and state-dict keys as nn.Linear, so checkpoints and interop key maps do not change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-
-from . import packed
 
 FEW_ROWS = 64
 # Measured over the decode benchmark's matrices (fp32, 2 threads): the fused loop streams 19-26 GB/s
@@ -68,17 +64,12 @@ def rowwise_product(x2: Tensor, weight: Tensor) -> Tensor:
     return torch.stack([(weight * row.to(weight.dtype)).sum(-1) for row in x2.unbind(0)], dim=0)  # (rows, N)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: Callable | None = None) -> Tensor:
-    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N); ``prepacked``: the product over the
-    weight's packed copy (nn/packed.py) for few-row inference products, or None."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """x (..., K) @ weight (N, K)^T + bias (N,) -> (..., N)."""
     rows = x.numel() // max(1, x.shape[-1])
     # Trace-time choice (module docstring); measured on CPU, where MKL's GEMV is the bottleneck. On
     # CUDA, cuBLAS already streams near the memory bandwidth, so the product stays F.linear there.
-    compiling = torch.compiler.is_compiling()
-    use_packed = prepacked is not None and rows >= packed.MIN_ROWS and x.dtype == weight.dtype
-    if use_packed and not torch.is_grad_enabled():
-        out = prepacked(x.reshape(rows, -1), weight)  # (rows, N)
-    elif compiling and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
+    if torch.compiler.is_compiling() and x.is_cpu and 1 <= rows <= COMPILED_ROWS:
         out = rowwise_product(x.reshape(rows, -1), weight)  # (rows, N)
     elif rows == 1 and one_row_cpu(x):
         row = x.reshape(1, -1)  # (1, K)
@@ -94,7 +85,5 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, prepacked: Cal
 
 
 class Linear(nn.Linear):
-    prepacked: Callable | None = None  # the packed product while nn/packed.py holds a copy of the weight
-
     def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight, self.bias, self.prepacked)
+        return linear(x, self.weight, self.bias)

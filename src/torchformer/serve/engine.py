@@ -8,7 +8,7 @@ without a request feed a dummy token whose key/value go to the hidden slot (DESI
 so they change nothing. Eager steps take the key slots in use, rounded up to a multiple of SPAN
 (rows.py); compiled ones the whole cache, one graph for the engine's life: on the CPU, SDPA
 reads only the slots some query can see either way (nn/backends.py, ``prefix_sdpa``). The
-projections' weights are packed while the engine runs (nn/packed.py: panels for the native
+projections' weights are packed while the engine runs (fast/panels.py: panels for the native
 kernel, else oneDNN; a second copy of the weights). A freed row is reused without clearing: the
 cache mask is built from positions, so the stale keys beyond the new prompt are invisible until
 overwritten (each decode token writes its slot before attending).

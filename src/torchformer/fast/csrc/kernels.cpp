@@ -1,6 +1,6 @@
 // torchformer's CPU kernels (loaded by fast/native.py).
 //
-// 1. Few-row products y = x W^T over a weight packed in panels of 16 output rows (nn/packed.py).
+// 1. Few-row products y = x W^T over a weight packed in panels of 16 output rows (fast/panels.py).
 //
 // Panel p holds rows 16p..16p+15 of W (zero-padded past N) as (K, 16): for each input index k,
 // the 16 weights of those outputs are contiguous. One panel is then one sequential stream, and
@@ -22,8 +22,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -415,63 +413,25 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out;
 }
 
-// The packed copies, by weight storage: nn/packed.py registers a weight's panels while it packs,
-// and the op torchformer::panel_linear(x, weight) finds them here without a trip through Python
-// (~20 us per product saved). A copy is used only while the weight's storage is alive and its
-// version unchanged (an in-place update makes it stale); otherwise the plain product runs.
-namespace {
-struct Copy {
-  c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  int64_t version;  // -1: an inference tensor, which has no version counter
-  std::vector<int64_t> shape;
-  torch::Tensor panels;
-};
-std::mutex copies_lock;
-std::unordered_map<const void*, Copy> copies;
-
-int64_t version_of(const torch::Tensor& w) { return w.is_inference() ? -1 : static_cast<int64_t>(w._version()); }
-}  // namespace
-
-void register_panels(const torch::Tensor& weight, const torch::Tensor& panels) {
-  std::lock_guard<std::mutex> guard(copies_lock);
-  copies.insert_or_assign(weight.data_ptr(), Copy{weight.storage().getWeakStorageImpl(), version_of(weight),
-                                                  weight.sizes().vec(), panels});
-}
-
-void unregister_panels(const torch::Tensor& weight) {
-  std::lock_guard<std::mutex> guard(copies_lock);
-  copies.erase(weight.data_ptr());
-}
-
-// The weight's current panels, or an undefined tensor.
-torch::Tensor current_panels(const torch::Tensor& weight) {
-  std::lock_guard<std::mutex> guard(copies_lock);
-  auto it = copies.find(weight.data_ptr());
-  if (it == copies.end() || it->second.storage.expired()) return {};
-  auto alive = it->second.storage.lock();
-  const bool same = alive.get() == weight.storage().unsafeGetStorageImpl() &&
-                    it->second.version == version_of(weight) && it->second.shape == weight.sizes().vec();
-  return same ? it->second.panels : torch::Tensor();
-}
-
-bool has_panels(const torch::Tensor& weight) { return current_panels(weight).defined(); }
-
-torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& weight) {
-  const torch::Tensor panels = current_panels(weight);
-  if (!panels.defined()) return at::mm(x, weight.t());
+// x @ weight^T over the panels fast/panels.py made of ``weight`` when it still has the version it had
+// then (-1: an inference tensor, which cannot change), the plain product otherwise: an in-place
+// update after packing (an optimizer step, load_state_dict's copy_) is never multiplied stale.
+torch::Tensor panel_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& panels,
+                           int64_t version) {
+  const int64_t now = weight.is_inference() ? -1 : static_cast<int64_t>(weight._version());
+  if (now != version) return at::mm(x, weight.t());
   return panel_mm(x.contiguous(), panels, weight.size(0));
 }
 
-TORCH_LIBRARY_FRAGMENT(torchformer, m) { m.def("panel_linear(Tensor x, Tensor weight) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(torchformer, m) {
+  m.def("panel_linear(Tensor x, Tensor weight, Tensor panels, int version) -> Tensor");
+}
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear); }
 
 // The two kernels run without the GIL: a server's event loop thread goes on while the engine
 // thread computes (both only read their tensor arguments, which the caller keeps alive).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
-  m.def("register_panels", &register_panels, "use these panels for this weight while it is unchanged");
-  m.def("unregister_panels", &unregister_panels, "forget the weight's panels");
-  m.def("has_panels", &has_panels, "whether the weight has current panels");
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
   m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
 }

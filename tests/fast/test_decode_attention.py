@@ -1,13 +1,13 @@
 """fast/native.py's decode kernel (one query per row over the first n cached keys) equals SDPA over
 that prefix: MHA, GQA and MQA, head widths that are and are not multiples of 16, a per-head bias
-with -inf holes, a broadcast mask, no term at all; and a cached decode step routes through it."""
+with -inf holes, a broadcast mask, no term at all; and a cached decode step routes through it
+(fast/attention.py, the CPU kernel of nn/backends.py's prefix_sdpa op)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer.fast import native
-from torchformer.nn import backends
+from torchformer.fast import attention, native
 
 SHAPES = [  # (B, H, K, E, S, n)
     (8, 8, 8, 64, 40, 17),
@@ -70,13 +70,13 @@ def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
                 calls.append(name)
             return getattr(kernel, name)
 
-    monkeypatch.setattr(backends, "kernels", lambda: Spy())
+    monkeypatch.setattr(attention, "kernels", lambda: Spy())
     cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
     net = tfm.build_model(cfg).eval()
     ids = torch.randint(0, 97, (2, 7))
     out = tfm.generate(net, ids, max_new_tokens=5)
     assert len(calls) == 2 * 4  # two layers, four decode steps (the fifth token needs no step)
-    monkeypatch.setattr(backends, "kernels", lambda: None)  # SDPA over the prefix instead
+    monkeypatch.setattr(attention, "kernels", lambda: None)  # SDPA over the prefix instead
     assert torch.equal(out, tfm.generate(net, ids, max_new_tokens=5))
 
 

@@ -1,0 +1,153 @@
+"""Few-row products on the CPU over a packed copy of each weight: a native panel kernel, or oneDNN.
+
+Decoding a batch multiplies a few rows (one per sequence) by every weight each step. MKL's sgemm
+streams a weight poorly for 3..64 rows. Two packed forms do better, measured over the decode
+benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
+
+    1 thread, rows     1     3     8     12    16    32    64
+    panel kernel ms    4.5   5.7   6.9   9.8   11.7  19.9  35.5
+    oneDNN ms          8.4   7.7   10.4  11.7  11.2  20.9  35.4
+    MKL ms             11.1  21.0  16.8  19.4  19.5  32.4  41.8
+
+- The panel kernel (csrc/kernels.cpp through native.py, AVX-512, built once per machine by
+  torch's extension loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
+  sequential stream and each input value is one broadcast FMA into 16 outputs, no horizontal sums.
+- oneDNN's inner product over the weight reordered into its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for CPU linears),
+  where the kernel cannot run (no AVX-512, no compiler, ``TORCHFORMER_NATIVE=0``). Over the plain
+  weight oneDNN reorders on every call (7.7 ms at 8 rows): the packed copy is what pays.
+
+One or two rows stay with nn/linear.py's routes (MKL's W @ [x; x]^T, inductor's row sums).
+A packed copy costs a second copy of each weight and tens of ms per 100 MB to make, so packing is
+explicit and scoped: ``pack(model)`` swaps every fp32 ``Linear`` for its ``PackedLinear`` twin
+(the same Parameters, plus the copy) and ``unpack`` swaps the originals back, as ``tfm.quantize``
+swaps modules; fast/scope.py's ``packed(model, rows)`` does both around a block (generate for
+decode batches of >= MIN_ROWS rows on the CPU and speculative verify chunks of k + 1 >= MIN_ROWS
+rows; the serving engine for its lifetime). nn/ knows nothing of it. Correctness never depends
+on it: the twin multiplies plainly once the weight has changed since it was packed (an
+optimizer step, a load_state_dict's copy_): the op ``torchformer::panel_linear`` compares the
+weight's version with the one packed, and so does the oneDNN route. The op is opaque to
+torch.compile, so a compiled decode step calls it like any extern kernel. Compiled, the oneDNN
+copy (an opaque mkldnn tensor a graph cannot take) is left out: those products are
+``Linear``'s. Numerics: fp32 products, sums in another order (reassociation only).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.linear import Linear
+from .native import kernels
+
+MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
+LANES = 16  # outputs per panel: one AVX-512 register of fp32
+
+
+def panels(rows: Tensor) -> Tensor:
+    """rows (N, K, ...) -> (ceil(N / 16), K, 16, ...): rows 16p..16p+15 side by side per input
+    index in panel p, zero-padded past N (fp32 weights here; the int8 / int4 bytes and their
+    scales in fast/formats.py)."""
+    N = rows.shape[0]
+    padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
+    padded[:N] = rows
+    return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
+
+
+def version(weight: Tensor) -> int:
+    """The weight's version counter; -1 for an inference tensor (made under inference_mode, as the
+    serving engine loads its model), which has none and which nothing outside inference_mode can
+    change in place."""
+    return -1 if weight.is_inference() else weight._version
+
+
+def available(weight: Tensor) -> bool:
+    """Whether ``weight`` can be packed: fp32 on the CPU, with the panel kernel or oneDNN here."""
+    plain = weight.is_cpu and weight.dtype == torch.float32 and weight.dim() == 2
+    return plain and (torch.backends.mkldnn.is_available() or kernels() is not None)
+
+
+class PackedLinear(Linear):
+    """A ``Linear`` (or subclass: ``twin_class``) with a packed copy of its weight: its products of
+    MIN_ROWS or more rows that autograd does not track go through the copy (module docstring)."""
+
+    panel = True  # the copy's form: panels (the kernel's) or oneDNN's blocked layout
+    packed_version = -1  # the weight's version when it was packed
+
+    @classmethod
+    def of(cls, source: Linear) -> PackedLinear:
+        """The twin of ``source``: the same Parameters (its parameter dict itself, so nothing can
+        diverge), its own buffers with the copy added."""
+        twin = twin_class(type(source)).__new__(twin_class(type(source)))
+        twin.__dict__.update(source.__dict__)
+        twin._buffers = dict(source._buffers)
+        twin._non_persistent_buffers_set = set(source._non_persistent_buffers_set)
+        twin.pack()
+        return twin
+
+    def pack(self) -> None:
+        w = self.weight.detach()
+        self.panel = kernels() is not None
+        data = panels(w) if self.panel else torch.ops.mkldnn._reorder_linear_weight(w, 8)
+        if self.panel:
+            self.register_buffer("panels", data, persistent=False)  # (P, K, 16): an input of a compiled graph
+        else:
+            self.onednn = data  # opaque: eager only (module docstring)
+        self.packed_version = version(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.numel() // max(1, x.shape[-1])
+        w = self.weight
+        if rows < MIN_ROWS or x.dtype != w.dtype or not x.is_cpu or torch.is_grad_enabled():
+            return super().forward(x)
+        x2 = x.reshape(rows, -1)  # (rows, K)
+        if self.panel:
+            out = panel_product(x2, w, self.panels, self.packed_version)  # (rows, N)
+        elif torch.compiler.is_compiling() or version(w) != self.packed_version:
+            return super().forward(x)
+        else:
+            out = onednn_product(x2, self.onednn)  # (rows, N)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+
+def panel_product(x2: Tensor, weight: Tensor, panels: Tensor, packed_version: int) -> Tensor:
+    """x2 (rows, K) @ weight (N, K)^T over its panels, plainly if the weight changed since."""
+    return torch.ops.torchformer.panel_linear(x2, weight, panels, packed_version)
+
+
+def onednn_product(x2: Tensor, copy: Tensor) -> Tensor:
+    """x2 (rows, K) times oneDNN's packed copy of the weight -> (rows, N)."""
+    return torch.ops.mkldnn._linear_pointwise(x2.contiguous(), copy, None, "none", [], "")
+
+
+@functools.cache
+def twin_class(cls: type[Linear]) -> type[PackedLinear]:
+    """PackedLinear for ``Linear``; for a subclass (the LM head's soft-cap), a class whose MRO puts
+    the subclass's forward first, its ``super().forward`` reaching the packed product."""
+    return PackedLinear if cls is Linear else type(f"Packed{cls.__name__}", (cls, PackedLinear), {})
+
+
+def packable(module: nn.Module) -> bool:
+    return isinstance(module, Linear) and not isinstance(module, PackedLinear) and available(module.weight)
+
+
+def pack(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """Swap every packable Linear of ``model`` for its twin; returns (owner, name, original) per
+    swap, for ``unpack``. A Linear already packed (a nested scope) is left to its scope."""
+    swaps = []
+    for owner in list(model.modules()):
+        for name, child in list(owner.named_children()):
+            if packable(child):
+                setattr(owner, name, PackedLinear.of(child))
+                swaps.append((owner, name, child))
+    return swaps
+
+
+def unpack(swaps: list[tuple[nn.Module, str, nn.Module]]) -> None:
+    """Put the originals back (their copies go with the twins)."""
+    for owner, name, original in reversed(swaps):
+        setattr(owner, name, original)
