@@ -159,7 +159,10 @@ class Server:
         queue = asyncio.Queue()
         if self.mailbox is None:
             self.mailbox = Mailbox(asyncio.get_running_loop())
-        job = self.engine.submit(ids, params, functools.partial(self.mailbox.post, queue))
+        grammar = None
+        if params.response_format is not None:  # compiling a new schema may take seconds: off the loop
+            grammar = await asyncio.to_thread(self.engine.grammar, params.response_format)
+        job = self.engine.submit(ids, params, functools.partial(self.mailbox.post, queue), grammar)
         if params.stream:
             return EventStream(
                 functools.partial(self.engine.cancel, job),

@@ -33,6 +33,7 @@ from ..nn.kv_cache import KVCache
 from .admission import Admission
 from .calls import Calls
 from .embeddings import wrong_task
+from .grammar import Compilers, ResponseFormat
 from .jobs import Event, Job
 from .metrics import Metrics
 from .model_len import for_loaded
@@ -87,6 +88,7 @@ class Engine(Scheduler):
         self.calls = Calls(self.wake, slots + max_queue)  # embedding batches, run between steps
         self.prefix_cache = prefix_cache  # place requests by the prefix their row holds (prefix.py)
         self.held = Rows(slots)
+        self.compilers = Compilers()  # response_format's grammars, made on the first one (grammar.py)
         # Prompt + new tokens a request may use, the cache's length: None = what fits (model_len.py).
         self.max_model_len = max_model_len
         self.context = max_model_len or 0  # the length in use once the model has loaded
@@ -148,8 +150,16 @@ class Engine(Scheduler):
         held = sum(job.pos for job in list(self.rows) if job is not None)
         return held / (self.slots * self.context) if self.context else 0.0
 
-    def submit(self, prompt: list[int], params: Params, sink: Callable[[Event], None]) -> Job:
-        """Queue a request (prompt ids), or raise the APIError that answers it."""
+    def grammar(self, fmt: ResponseFormat) -> tuple:
+        """The compiled ``response_format`` for ``submit`` (any thread; seconds for a new schema at
+        a large vocabulary, so the app calls it off its event loop), or the 400 naming the field."""
+        if self.task != "generate":
+            raise wrong_task("embed")
+        return self.compilers.compile(fmt, self.texts.tokenizer, self.texts.vocab_size, self.eos)
+
+    def submit(self, prompt: list[int], params: Params, sink: Callable[[Event], None], grammar=None) -> Job:
+        """Queue a request (prompt ids), or raise the APIError that answers it. ``grammar``: what
+        ``grammar(params.response_format)`` gave (compiled here when not given)."""
         if not self.healthy:
             raise APIError(503, f"not ready: {self.state()}", type="server_error", code="not_ready")
         if self.task != "generate":
@@ -161,7 +171,10 @@ class Engine(Scheduler):
                 f"ask for n <= {self.slots}",
             )
         max_tokens = new_tokens(len(prompt), params, self.context)
-        group = [Job(prompt, params, max_tokens, sink, self.texts, self.request_timeout, i) for i in range(params.n)]
+        if params.response_format is not None and grammar is None:
+            grammar = self.grammar(params.response_format)
+        timeout = self.request_timeout
+        group = [Job(prompt, params, max_tokens, sink, self.texts, timeout, i, grammar) for i in range(params.n)]
         for job in group:
             job.group = group
         self.admission.put(group)  # or the 429 / 503 that answers it

@@ -4,7 +4,9 @@ Sampling reuses generation/ unchanged: the row's logits (1, V) go through the sa
 processors and ``choose`` as ``tfm.generate`` with batch 1, with the row's own generator seeded
 like generate's, so a request alone draws exactly the noise generate draws. A request for n
 choices is n jobs (a group), one row each; choice i of a request with ``seed`` s draws with seed
-s + i, so it is exactly what a one-choice request with seed s + i gives.
+s + i, so it is exactly what a one-choice request with seed s + i gives. A request with a
+``response_format`` gives each job its own grammar matcher (grammar.py): its mask goes on a copy
+of the logits before the processors, and the job ends with "stop" once the grammar has ended.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class Job:
         texts: Texts,
         timeout: float,
         index: int = 0,
+        grammar: tuple | None = None,
     ) -> None:
         self.id, self.index = uuid.uuid4().hex, index
         self.group = [self]  # the jobs of one request (its n choices); the first one is prefilled
@@ -81,12 +84,14 @@ class Job:
         self.last_time = 0.0
         self.generator: torch.Generator | None = None
         self.history: History | None = None
+        self.grammar = grammar  # (grammar.Grammars, its compiled format): the job's matcher is made at start
+        self.constraint = None  # grammar.Constraint, once started
 
     @property
     def fast(self) -> bool:
         """Greedy with no history-reading processor: the batched argmax is this row's choice."""
         s = self.params.sampling
-        return s.greedy and not s.needs_history
+        return s.greedy and not s.needs_history and self.grammar is None
 
     def start(self, row: int, vocab_size: int, device: torch.device) -> None:
         self.row, self.pos = row, len(self.prompt)
@@ -98,11 +103,17 @@ class Job:
         if s.needs_history:
             prompt = torch.tensor([self.prompt], device=device)  # (1, T)
             self.history = History(prompt, None, self.max_tokens, vocab_size)
+        if self.grammar is not None:
+            grammars, compiled = self.grammar
+            self.constraint = grammars.constraint(compiled)
 
     def sample(self, logits: Tensor) -> Tensor:
         """logits (1, V) -> token (1,), exactly as generation.generate.decode does per step."""
         s = self.params.sampling
-        logits = logits.float() if self.history is None else self.history.process(logits.float(), s)
+        logits = logits.float()
+        if self.constraint is not None:  # on a copy: the caller's logits give the model's own logprobs
+            logits = self.constraint.mask(logits.clone())
+        logits = logits if self.history is None else self.history.process(logits, s)
         tok = choose(logits, s, self.generator)
         if self.history is not None:
             self.history.add(tok)
@@ -116,6 +127,7 @@ class Job:
         self.tokens.append(token)
         self.pos += 1
         text, stopped = self.text.add(token)
+        stopped |= self.constraint is not None and self.constraint.advance(token)  # the grammar has ended
         reason = "stop" if stopped or token in eos else "length" if len(self.tokens) >= self.max_tokens else None
         if reason is not None:
             text += self.text.flush()

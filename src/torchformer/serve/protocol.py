@@ -3,7 +3,8 @@
 Every field of a request is either understood, accepted because it changes nothing we compute
 (``user``), or refused with a 400 naming it: a server that silently ignores ``n=3`` or
 ``logprobs=5`` returns something the caller did not ask for. Extensions beyond the OpenAI API
-(``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``) are the same ones vLLM takes.
+(``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``) are the same ones vLLM takes;
+``response_format`` is checked in grammar.py (completions take it too, as vLLM's do).
 ``n``, ``logprobs`` / ``top_logprobs`` and ``echo`` are checked in ``choices`` (the 400 names the
 field, its value and what is allowed); ``n`` beyond the engine's rows is the engine's 400.
 """
@@ -55,6 +56,7 @@ class Params:
     n: int = 1  # choices, each its own row (the prompt prefilled once)
     logprobs: int | None = None  # None: off; else the alternatives reported per token (top_logprobs)
     echo: bool = False  # completions: the prompt's text (and its tokens' logprobs) comes back first
+    response_format: object = None  # grammar.ResponseFormat: the output is constrained to it
 
 
 # Fields that change nothing we compute; everything not named anywhere is refused.
@@ -71,10 +73,9 @@ NEUTRAL = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "parallel_tool_calls": (None, False, True),
-    "response_format": (None, {"type": "text"}),
 }
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop"}
-COMMON = {"model", "stream", "stream_options", "return_token_ids", "n", "logprobs"} | SAMPLING
+COMMON = {"model", "stream", "stream_options", "return_token_ids", "n", "logprobs", "response_format"} | SAMPLING
 COMPLETION_FIELDS = COMMON | {"prompt", "echo"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
 
@@ -202,7 +203,10 @@ def params(body: dict, max_tokens_key: str, default_max_tokens: int | None, endp
         raise bad("return_token_ids", f"{token_ids!r} must be true or false")
     sampling = sampling_options(temperature, top_k, None if top_p == 1.0 else top_p, min_p, repetition_penalty, 0)
     stop = stops(body.get("stop"))
-    return Params(max_tokens, sampling, seed, stop, stream, include_usage, token_ids, n, logprobs, echo)
+    from .grammar import response_format  # grammar.py builds on this module's errors
+
+    fmt = response_format(body.get("response_format"))
+    return Params(max_tokens, sampling, seed, stop, stream, include_usage, token_ids, n, logprobs, echo, fmt)
 
 
 def new_tokens(prompt_tokens: int, params: Params, context: int) -> int:
