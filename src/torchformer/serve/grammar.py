@@ -19,6 +19,10 @@ first-token tail. The per-token cost, the one every token of every constrained r
 what the issue ranks by, so xgrammar (it is also vLLM's and SGLang's default). Applying the
 mask (xgrammar's CPU kernel) costs ~0.5 ms at 128k, whichever engine fills it.
 
+``strict: false`` is constrained too (as vLLM does): the answer validates either way. Left as
+xgrammar writes them: a ``pattern`` whose class admits control characters (``.``) may produce
+one raw, which JSON parsers refuse.
+
 The request side (``response_format``, the 400s naming the field) imports nothing heavy:
 protocol.py calls it from the app, which stays free of torch; xgrammar is imported only when a
 server first compiles a format.
