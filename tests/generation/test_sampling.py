@@ -97,3 +97,23 @@ def test_sample_follows_the_distribution():
 def test_temperature_scales_logits(t):
     logits = torch.tensor([[1.0, -3.0, math.pi]])
     assert torch.equal(S.temperature(logits, t), logits / t)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"temperature": 1e-4}, {"temperature": 1.0, "top_k": 1}, {"temperature": 1.0, "top_p": 1e-6},
+     {"temperature": 1.0, "min_p": 0.999}],
+)  # fmt: skip
+def test_generate_applies_temperature_and_the_filters_without_a_history(options):
+    """Each of these keeps only the argmax, so sampling must give the greedy tokens; the control,
+    plain temperature 3, samples others (a run that ignored the processors sampled the raw softmax
+    and passed the control only)."""
+    import torchformer as tfm
+
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
+    torch.manual_seed(0)
+    net = tfm.build_model(cfg).eval()
+    ids = torch.randint(0, 97, (4, 5), generator=torch.Generator().manual_seed(1))
+    greedy = tfm.generate(net, ids, max_new_tokens=16)
+    assert torch.equal(tfm.generate(net, ids, max_new_tokens=16, seed=7, **options), greedy)
+    assert not torch.equal(tfm.generate(net, ids, max_new_tokens=16, seed=7, temperature=3.0), greedy)

@@ -60,6 +60,22 @@ def test_seeded_sampling_with_extensions_equals_generate(server, tiny, tok):
     assert out.choices[0].text == want
 
 
+def test_sampling_filters_apply_without_a_history_processor(server, tok):
+    """top_k 1 or a tiny temperature leave only the argmax, so a sampled answer is the greedy one;
+    the control (temperature 2) is not (with no repetition penalty the processors used to be
+    skipped, and the raw softmax sampled)."""
+    _, url = server
+    ids = tok.encode("the quick brown", add_special_tokens=False).ids
+
+    def text(**sampling) -> str:
+        return client(url).completions.create(model=NAME, prompt=ids, max_tokens=16, **sampling).choices[0].text
+
+    greedy = text(temperature=0)
+    assert text(temperature=1.0, seed=3, extra_body={"top_k": 1}) == greedy
+    assert text(temperature=1e-4, seed=3) == greedy
+    assert text(temperature=2.0, seed=3) != greedy
+
+
 def test_concurrent_requests_each_equal_generate(server, tiny, tok):
     """More requests than slots at once: every answer equals generating its prompt alone."""
     _, url = server

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..fast.scope import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
-from .sampling import Sampling, choose, process
+from .sampling import Sampling, choose, process, processed
 from .speculative import SpeculativeStream
 from .steps import prefill, steady, step_function
 
@@ -66,7 +66,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
             history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
         finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
         for i in range(req.max_new_tokens):
-            logits = logits.float() if history is None else history.process(logits.float(), s)
+            logits = processed(logits.float(), s, history)
             tok = choose(logits, s, generator)
             if req.eos is not None:
                 tok = tok.masked_fill(finished, req.pad_token_id)

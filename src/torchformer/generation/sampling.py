@@ -139,6 +139,14 @@ def process(logits: Tensor, s: Sampling, *, seen: Tensor | None, tokens: Tensor 
     return logits
 
 
+def processed(logits: Tensor, s: Sampling, history) -> Tensor:
+    """logits (B, V) float32 through every processor of ``s``; ``history`` (generate.History, kept
+    only when a processor reads past tokens) or None. Temperature and the filters run either way."""
+    if history is not None:
+        return history.process(logits, s)
+    return process(logits, s, seen=None, tokens=None, valid=None)
+
+
 def choose(logits: Tensor, s: Sampling, generator: torch.Generator | None) -> Tensor:
     """The next token per row from processed logits: (B, V) -> (B,)."""
     return argmax(logits) if s.greedy else sample(logits, generator)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..generation.generate import History
-from ..generation.sampling import choose
+from ..generation.sampling import choose, processed
 from .logprobs import TokenLogprob
 from .metrics import Metrics
 from .protocol import APIError, Params
@@ -113,7 +113,7 @@ class Job:
         logits = logits.float()
         if self.constraint is not None:  # on a copy: the caller's logits give the model's own logprobs
             logits = self.constraint.mask(logits.clone())
-        logits = logits if self.history is None else self.history.process(logits, s)
+        logits = processed(logits, s, self.history)
         tok = choose(logits, s, self.generator)
         if self.history is not None:
             self.history.add(tok)
