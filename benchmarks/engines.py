@@ -29,15 +29,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import importlib.util
 import json
 import os
 import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -182,21 +185,35 @@ def hf_folder(shape: str, cache: Path) -> Path:
 
 
 def llama_source(cache: Path) -> Path:
-    """vendor/llama.cpp of the llama-cpp-python sdist (its converter, gguf-py and server sources)."""
+    """vendor/llama.cpp of the llama-cpp-python sdist (its converter, gguf-py and server sources).
+    Fetched and unpacked once, under a lock and into a temporary folder renamed into place: test
+    workers and benchmark processes call this at the same time, and one that found a half-unpacked
+    tree imported the installed gguf package instead of the sdist's (a failure seen in CI)."""
     root = cache / f"llama_cpp_python-{LLAMA_CPP_VERSION}"
-    if (root / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").exists():
-        return root / "vendor" / "llama.cpp"
-    sdist = cache / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
-    if not sdist.exists():
-        log("downloading the llama-cpp-python sdist (for its converter and server sources)")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", str(cache)],
-            check=True,
-        )  # fmt: skip
-    with tarfile.open(sdist) as tar:
-        tar.extractall(cache, filter="data")
-    return root / "vendor" / "llama.cpp"
+    done = root / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if done.exists():
+        return done.parent
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".llama_source.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if done.exists():  # another process unpacked it while this one waited
+            return done.parent
+        sdist = cache / f"llama_cpp_python-{LLAMA_CPP_VERSION}.tar.gz"
+        if not sdist.exists():
+            log("downloading the llama-cpp-python sdist (for its converter and server sources)")
+            with tempfile.TemporaryDirectory(dir=cache) as part:
+                subprocess.run(
+                    [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                     f"llama-cpp-python=={LLAMA_CPP_VERSION}", "-d", part],
+                    check=True,
+                )  # fmt: skip
+                os.replace(Path(part) / sdist.name, sdist)
+        shutil.rmtree(root, ignore_errors=True)  # a tree left half-unpacked by a killed process
+        with tempfile.TemporaryDirectory(dir=cache) as part:
+            with tarfile.open(sdist) as tar:
+                tar.extractall(part, filter="data")
+            os.replace(Path(part) / root.name, root)
+    return done.parent
 
 
 # The converter identifies a BPE pre-tokenizer by hashing how the tokenizer splits a test string,
