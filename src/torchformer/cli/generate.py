@@ -71,12 +71,21 @@ class Printer:
         if self.tokenizer is None:
             sys.stdout.write(("," if len(self.ids) > 1 else "") + str(token))
         else:
-            text = self.tokenizer.decode(self.ids)
-            if text.endswith("\ufffd"):
-                return
-            sys.stdout.write(text[len(self.shown) :] if text.startswith(self.shown) else text)
-            self.shown = text
+            self.show(final=False)
         sys.stdout.flush()
+
+    def finish(self) -> None:
+        """Write what was held back: at the end, an incomplete UTF-8 sequence is what the whole
+        decoded text shows too (replacement characters), so streamed and plain output agree."""
+        if self.tokenizer is not None and self.ids:
+            self.show(final=True)
+
+    def show(self, final: bool) -> None:
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd") and not final:
+            return
+        sys.stdout.write(text[len(self.shown) :] if text.startswith(self.shown) else text)
+        self.shown = text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -124,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
             printer.add(new[-1])
     end = time.perf_counter()
     if args.stream:
+        printer.finish()
         print()
     else:
         shown = new if seq2seq else prompt + new
