@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 # mallopt(3) parameter numbers, from glibc's malloc.h.
@@ -30,6 +31,12 @@ NEVER = 2**31 - 1  # mallopt takes an int: the largest trim threshold it accepts
 _applied = False
 
 
+@functools.cache
+def libc() -> ctypes.CDLL:
+    """The C library, loaded once (OSError where there is none to load)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to reuse freed memory instead of unmapping it. Returns True when it
     applied (Linux with glibc), False elsewhere (macOS, Windows, musl): a no-op, never an error."""
@@ -38,10 +45,8 @@ def keep_freed_memory() -> bool:
         return True
     if not sys.platform.startswith("linux"):
         return False
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = libc().mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
@@ -133,9 +138,9 @@ def release_mapped(tensor) -> int:
     first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the tensor only
     if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end):
         return 0
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return last - first if libc.madvise(first, last - first, MADV_DONTNEED) == 0 else 0
+    madvise = libc().madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return last - first if madvise(first, last - first, MADV_DONTNEED) == 0 else 0
 
 
 def trim() -> bool:
@@ -145,9 +150,9 @@ def trim() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim.argtypes, libc.malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
-        libc.malloc_trim(0)
+        malloc_trim = libc().malloc_trim
+        malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+        malloc_trim(0)
     except (OSError, AttributeError):
         return False
     return True

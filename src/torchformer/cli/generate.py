@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..generation.generate import stream
-from ..loading import TOKENIZER_FILE, check_quantization, has_tokenizer, load_any, load_tokenizer
+from ..loading import TOKENIZER_FILE, has_tokenizer, load_any, load_tokenizer
 from .options import add_dtype, dtype_of
 
 
@@ -96,8 +96,6 @@ def run(args: argparse.Namespace) -> int:
     dtype = dtype_of(args)
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
-    if args.quantize is not None:  # before any weight is read
-        check_quantization(args.checkpoint, args.quantize, args.group_size)
     tokenizer = tokenizer_for(args.checkpoint, needed=args.prompt is not None)
     prompt = tokenizer.encode(args.prompt).ids if args.prompt is not None else parse_ids(args.ids)
     model = load_any(args.checkpoint, dtype=dtype, quantize=args.quantize, group_size=args.group_size).eval()

@@ -80,7 +80,8 @@ class PackedLinear(Linear):
     def of(cls, source: Linear) -> PackedLinear:
         """The twin of ``source``: the same Parameters (its parameter dict itself, so nothing can
         diverge), its own buffers with the copy added."""
-        twin = twin_class(type(source)).__new__(twin_class(type(source)))
+        cls = twin_class(type(source))
+        twin = cls.__new__(cls)
         twin.__dict__.update(source.__dict__)
         twin._buffers = dict(source._buffers)
         twin._non_persistent_buffers_set = set(source._non_persistent_buffers_set)
