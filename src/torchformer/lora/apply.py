@@ -7,6 +7,7 @@ that matches no linear module is an error listing the names there are.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import asdict, dataclass
 
@@ -124,6 +125,21 @@ def merge(model: nn.Module) -> nn.Module:
     if hasattr(model, "lora"):
         del model.lora
     return model
+
+
+@contextlib.contextmanager
+def disabled(model: nn.Module):
+    """The base model alone inside the block: every adapter is swapped for its base layer and put
+    back on exit, so the forward is exactly the frozen base's (DPO's reference with LoRA, as PEFT's
+    ``disable_adapter``: no second copy of the weights). Nothing else changes; the mode is the caller's."""
+    found = adapters(model)
+    for name, m in found.items():
+        _set(model, name, m.base_layer)
+    try:
+        yield model
+    finally:
+        for name, m in found.items():
+            _set(model, name, m)
 
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:

@@ -26,6 +26,9 @@ def rows(batch: Batch, lo: int, hi: int) -> Batch:
 
 
 def n_targets(batch: Batch) -> int:
+    """What the loss is a sum over: target tokens, or pairs for preference batches (their chosen rows)."""
+    if "chosen" in batch:
+        return int(batch["chosen"].sum())
     return int((batch["labels"] != IGNORE).sum())
 
 

@@ -14,6 +14,9 @@ the base (state.json's ``finetune`` entry); resume rebuilds the base from model.
 finetune.quantize (int8 | int4, with finetune.group_size for int4): QLoRA, the adapters train
 over a frozen weight-only quantized base (models/quantize.py). Checkpoints record the scheme beside
 the base reference, and a resume whose recipe would rebuild another base is refused.
+
+finetune.reference (train.objective=dpo): the frozen model whose log-probabilities DPO compares
+against; by default the model as it starts (with LoRA, the base with the adapters switched off).
 """
 
 from __future__ import annotations
@@ -73,6 +76,47 @@ def check_init(model_spec: dict) -> None:
         )
 
 
+def check_reference(reference) -> None:
+    """finetune.reference names a model as model.init does (recipe time; nothing is loaded)."""
+    if not isinstance(reference, str) or not reference:
+        raise ValueError(f"finetune.reference={reference!r}: must be a folder path or a preset name")
+    try:
+        kind = model_kind(reference)
+    except ValueError as err:
+        raise ValueError(f"finetune.reference={reference!r}: {err}") from None
+    if kind == "preset":
+        raise ValueError(
+            f"finetune.reference={reference!r} is a preset, a model with random weights: name a trained "
+            "checkpoint or Hugging Face folder (leave it out to use the model as it starts)"
+        )
+
+
+def load_reference(recipe, device: torch.device, vocab_size: int) -> nn.Module | None:
+    """The frozen model finetune.reference names, in eval mode; None when it names none. Its
+    vocabulary must be the policy's: DPO compares log-probabilities of the same token ids."""
+    name = recipe.finetune.reference
+    if name is None:
+        return None
+    cfg = model_config(name)
+    if cfg.vocab_size != vocab_size:
+        raise ValueError(
+            f"finetune.reference={name!r} has vocab_size {cfg.vocab_size}, the model being trained {vocab_size}: "
+            "the reference must share the policy's vocabulary (DPO compares log-probabilities of the same tokens)"
+        )
+    ours, theirs = init_tokenizer(recipe), _tokenizer_text(name)
+    if ours is not None and theirs is not None and json.loads(ours) != json.loads(theirs):
+        raise ValueError(
+            f"finetune.reference={name!r} has another tokenizer than model.init={init_of(recipe)!r}: the same "
+            "token ids would mean other text; use a reference trained with model.init's tokenizer"
+        )
+    return load_any(name, device=str(device)).eval().requires_grad_(False)
+
+
+def _tokenizer_text(name: str) -> str | None:
+    file = Path(name) / TOKENIZER_FILE
+    return file.read_text(encoding="utf-8") if file.is_file() else None
+
+
 def check_quantize(scheme, group_size, lora_spec) -> int | None:
     """finetune.quantize / group_size as words and combinations (recipe time; widths: ``check``).
     Returns the group size to record: int4's default made explicit, so a checkpoint names it."""
@@ -102,6 +146,13 @@ def check(recipe) -> None:
 
     spec = recipe.finetune.lora
     init = init_of(recipe)
+    reference = recipe.finetune.reference
+    sizes = [model_config(m).vocab_size for m in (reference, init)] if None not in (reference, init) else [0, 0]
+    if sizes[0] != sizes[1]:  # DPO compares log-probabilities of the same token ids
+        raise ValueError(
+            f"finetune.reference={reference!r} has vocab_size {sizes[0]}, model.init={init!r} {sizes[1]}: the "
+            "reference must share the policy's vocabulary"
+        )
     quantization = read_config(init)[1] if init is not None and model_kind(init) == "torchformer" else None
     if spec is None and quantization is not None:
         raise ValueError(

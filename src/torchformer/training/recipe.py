@@ -82,6 +82,8 @@ class Train:
     grad_accum: int = 1
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
+    objective: str | None = None  # None: data.task's own; dpo | simpo | orpo: preference tuning (preference section)
+    log_to: list[str] = field(default_factory=list)  # experiment trackers: tensorboard, mlflow, wandb (trackers.py)
     moe_balance: float = 0.01  # MoE load-balancing loss weight (Switch alpha 0.01; ignored by dense models)
     moe_z_loss: float = 0.0  # MoE router z-loss weight (ST-MoE uses 1e-3)
     eval_every: int = 100
@@ -114,11 +116,16 @@ class Finetune:
     lora: dict | None = None  # {rank, alpha, dropout, targets}: train LoRA adapters only (lora/)
     quantize: str | None = None  # int8 | int4: LoRA over a frozen weight-only quantized base (QLoRA)
     group_size: int | None = None  # int4: inputs per scale (default 64); int8 has one scale per row
+    reference: str | None = None  # train.objective=dpo: the reference model (default: the model as it starts)
 
     def __post_init__(self) -> None:
         from .finetune import check_quantize
 
         object.__setattr__(self, "group_size", check_quantize(self.quantize, self.group_size, self.lora))
+        if self.reference is not None:
+            from .finetune import check_reference
+
+            check_reference(self.reference)
         if self.lora is None:
             return
         from ..lora import LoRASpec
@@ -147,6 +154,7 @@ class Recipe:
     train: Train = field(default_factory=Train)
     dist: Dist = field(default_factory=Dist)
     finetune: Finetune = field(default_factory=Finetune)
+    preference: dict = field(default_factory=dict)  # train.objective's settings (preference.py: DPO, SimPO, ORPO)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -191,7 +199,7 @@ def _check_types(cls: type, section: dict[str, Any], where: str) -> None:
 
 
 def from_dict(raw: dict[str, Any]) -> Recipe:
-    allowed = {"name", "model", *SECTIONS}
+    allowed = {"name", "model", "preference", *SECTIONS}
     unknown = sorted(set(raw) - allowed)
     if unknown:
         raise ValueError(f"unknown recipe section(s) {unknown}; allowed: {sorted(allowed)}")
@@ -209,7 +217,8 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     model = raw.get("model") or {"preset": "shakespeare-char"}
     if not isinstance(model, dict):
         raise ValueError(f"recipe section model must be a mapping (preset + ModelConfig fields), got {model!r}")
-    recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs)
+    recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs,
+                    preference=_preference(raw.get("preference"), kwargs["train"].objective))  # fmt: skip
     if "init" in recipe.model:  # fine-tuning: only safe changes on top of the init model (finetune.py)
         from .finetune import check_init
 
@@ -217,6 +226,26 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     else:  # validate model changes now (vocab_size is filled in from the tokenizer later)
         check_fits_memory(recipe.model_config(8, {}), "model")
     return recipe
+
+
+def _preference(section, objective) -> dict:
+    """The preference section, checked against train.objective (its own keys and values)."""
+    from . import preference
+
+    section = {} if section is None else section
+    if objective is not None and objective not in preference.OBJECTIVES:
+        raise ValueError(
+            f"train.objective={objective!r}: must be one of {sorted(preference.OBJECTIVES)}, or absent "
+            "(data.task's own objective)"
+        )
+    if objective is None:
+        if section:
+            raise ValueError(
+                f"recipe section preference={section!r} needs train.objective (one of {sorted(preference.OBJECTIVES)})"
+            )
+        return {}
+    preference.config(objective, section)  # raises naming the key, the value and what is allowed
+    return dict(section)
 
 
 def check(recipe: Recipe) -> None:
@@ -248,8 +277,32 @@ def check(recipe: Recipe) -> None:
         problems.append(f"data.instruct=true: needs data.task 'lm' (got {d.task!r})")
     if d.eval_file is not None and not Path(d.eval_file).is_file():
         problems.append(f"data.eval_file={d.eval_file!r}: no such file (a UTF-8 text file to score at the end)")
+    if t.objective is not None:
+        problems += _preference_problems(recipe)
     if problems:
         raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
+
+
+def _preference_problems(recipe: Recipe) -> list[str]:
+    """Settings preference tuning does not take (yet), each with why."""
+    t, d, o = recipe.train, recipe.data, recipe.train.objective
+    problems = []
+    if d.task != "lm":
+        problems.append(f"train.objective={o!r}: needs data.task 'lm' (got {d.task!r})")
+    if d.pack:
+        problems.append(f"data.pack=true: not supported with train.objective={o!r} yet (pairs are padded per row)")
+    if d.instruct:
+        problems.append(f"data.instruct=true: train.objective={o!r} reads preference pairs; leave data.instruct out")
+    if t.label_smoothing:
+        problems.append(
+            f"train.label_smoothing={t.label_smoothing}: a token-loss setting; with train.objective={o!r} use "
+            "preference.label_smoothing"
+        )
+    if recipe.dist.strategy == "fsdp":
+        problems.append(f"dist.strategy='fsdp': not supported with train.objective={o!r} yet; use ddp")
+    if recipe.finetune.reference is not None and o != "dpo":
+        problems.append(f"finetune.reference={recipe.finetune.reference!r}: train.objective={o!r} uses no reference")
+    return problems
 
 
 def load(path: str | Path | None = None, overrides: list[str] = ()) -> Recipe:

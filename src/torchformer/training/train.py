@@ -28,7 +28,7 @@ from ..atomic import NewFolders
 from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
-from . import determinism, finetune, instruct
+from . import determinism, finetune, instruct, preference, preference_data, trackers
 from . import distributed as dist
 from .batches import LMBatches, MLMBatches, PackedLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
@@ -64,6 +64,7 @@ def train(
     t, task = recipe.train, recipe.data.task
     check(recipe)
     finetune.check(recipe)  # LoRA targets exist: before any data or folder is written
+    trackers.check(t.log_to)  # train.log_to: known names, extras installed
     rt = dist.setup(t.device)
     reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
@@ -88,7 +89,11 @@ def train(
         model = build_model(cfg).to(rt.device) if base is None else base
         finetune.apply_lora(recipe, model, t.seed)  # finetune.lora: adapters only train
         torch.manual_seed(t.seed + rt.rank)  # distinct dropout streams per rank
-        objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
+        if t.objective is None:
+            objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
+        else:  # preference tuning (preference.py): DPO against a frozen reference, or SimPO / ORPO
+            reference = finetune.load_reference(recipe, rt.device, cfg.vocab_size)
+            objective = preference.build(recipe, model, reference)
         if t.activation_checkpointing:
             checkpoint_blocks(model)
         wrapped = dist.wrap(objective, rt, recipe.dist.strategy)  # before the optimizer: FSDP swaps in sharded params
@@ -105,6 +110,8 @@ def train(
             start, elapsed, window = restore(found, model, optimizer, rt, recipe.dist.strategy, facts)
             reporter.message(f"resumed from {found} at step {start}")
         metrics_file = out / "metrics.jsonl"
+        # Trackers start before the first step: one that cannot start fails here, not an hour in.
+        sinks = scope.enter_context(trackers.open_all(t.log_to if rt.is_main else [], recipe, out))
         made.keep()
         if rt.is_main:
             out.mkdir(parents=True, exist_ok=True)
@@ -126,11 +133,12 @@ def train(
         wall0, (window_loss, window_tokens), val_loss = time.perf_counter(), window, float("nan")
         step = start
         if start == 0:  # the untrained baseline (about ln(vocab_size)), so every run shows its progress
-            val_loss = evaluate(objective, evals, rt.device, amp)
-            row = {"step": 0, "train_loss": None, "val_loss": val_loss, "val_ppl": perplexity(val_loss),
-                   "lr": 0.0, "elapsed_s": 0.0, "tokens": 0}  # fmt: skip
+            measured = validate(objective, evals, rt.device, amp)
+            val_loss = measured["val_loss"]
+            row = {"step": 0, "train_loss": None, **measured, "lr": 0.0, "elapsed_s": 0.0, "tokens": 0}
             if rt.is_main:
                 append_metrics(metrics_file, row)
+                sinks.log(row)
                 reporter.evaluate(row)
         while step < t.steps:
             step += 1
@@ -160,13 +168,14 @@ def train(
             if step % t.eval_every == 0 or step == t.steps or out_of_time:
                 with torch.random.fork_rng(devices=[]):  # re-measured: a busy start understates the peak
                     peak = max(peak, matmul_peak_flops())
-                val_loss = evaluate(objective, evals, rt.device, amp)
-                row = {"step": step, "train_loss": window_loss / max(1, window_tokens), "val_loss": val_loss,
-                       "val_ppl": perplexity(val_loss), "lr": lr, "elapsed_s": round(elapsed, 3),
-                       "tokens": step * tokens_per_step}  # fmt: skip
+                measured = validate(objective, evals, rt.device, amp)
+                val_loss = measured["val_loss"]
+                row = {"step": step, "train_loss": window_loss / max(1, window_tokens), **measured, "lr": lr,
+                       "elapsed_s": round(elapsed, 3), "tokens": step * tokens_per_step}  # fmt: skip
                 window_loss, window_tokens = 0.0, 0
                 if rt.is_main:
                     append_metrics(metrics_file, row)
+                    sinks.log(row)
                     reporter.evaluate(row)
             if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps or out_of_time:
                 save(step=step, elapsed=elapsed, window=(window_loss, window_tokens))
@@ -174,7 +183,12 @@ def train(
                 reporter.message(f"stopped at step {step} (train.max_time_s={t.max_time_s}, stop_after={stop_after})")
                 break
         if rt.is_main and step > start:
-            plot_losses(metrics_file, out / "loss.png")
+            sinks.image("loss", plot_losses(metrics_file, out / "loss.png"))
+        if sinks and t.sample_chars and task == "lm":  # the sample the CLI prints, for the trackers too
+            from .sample import sample_text
+
+            sinks.text("sample", sample_text(model, tok, t.sample_prompt, t.sample_chars,
+                                             temperature=t.sample_temperature, seed=t.seed))  # fmt: skip
         if rt.is_main:
             finetune.export(recipe, model, out)  # LoRA: the merged model and a PEFT adapter in the run folder
         scored = finetune.evaluate_file(recipe, model, tok, out) if rt.is_main else None  # data.eval_file
@@ -195,6 +209,8 @@ def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
     spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size", "pack")}
     spec["synthetic"] = recipe.data.synthetic if recipe.data.task == "seq2seq" else {}
     spec["init_tokenizer"] = finetune.init_tokenizer(recipe)  # model.init's tokenizer, when fine-tuning
+    if recipe.train.objective is not None:  # JSONL preference pairs (prompt, chosen, rejected)
+        return preference_data.prepare(recipe, spec["init_tokenizer"])
     if recipe.data.instruct:  # JSONL conversations or prompt/completion pairs, loss on the answers only
         return instruct.prepare(recipe, spec["init_tokenizer"])
     if rt.is_main:
@@ -215,6 +231,8 @@ def make_batches(recipe: Recipe, data):
     if isinstance(data, instruct.InstructData):  # data.pack: examples share rows as documents
         kind = instruct.PackedInstructBatches if d.pack else instruct.InstructBatches
         return kind(data, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
+    if isinstance(data, preference_data.PreferenceData):  # two rows per pair: chosen, then rejected
+        return preference_data.PreferenceBatches(data, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
     if isinstance(data, PairData):
         tok = data.tokenizer
         return PairBatches(data.train, data.val, batch_size=t.batch_size, seed=t.seed, pad=tok.pad_id,
@@ -294,6 +312,16 @@ def accumulate(step_fn, batch, rt: dist.Runtime, accum: int, amp) -> tuple[float
         (loss * (rt.world / max(1, total))).backward()
         loss_sum += loss.detach()
     return float(loss_sum), n_targets(local)
+
+
+def validate(objective: nn.Module, evals, device: torch.device, amp) -> dict:
+    """An evaluation row's measures: val_loss and val_ppl; a preference objective's rewards and
+    accuracies beside them (its val_ppl is exp of the preference loss, kept for one row shape)."""
+    if isinstance(objective, preference.Preference):
+        measured = preference.validate(objective, evals, device, amp)
+        return {"val_loss": measured["val_loss"], "val_ppl": perplexity(measured["val_loss"]), **measured}
+    val_loss = evaluate(objective, evals, device, amp)
+    return {"val_loss": val_loss, "val_ppl": perplexity(val_loss)}
 
 
 @torch.no_grad()

@@ -1,0 +1,214 @@
+"""Preference data: JSONL pairs of answers to one prompt, rendered as instruction data is.
+
+Each line holds the prompt as ``"prompt": str`` or as a conversation (``"messages"``, or
+``"prompt"`` as a list of messages: TRL's conversational form), and two answers ``"chosen"`` and
+``"rejected"``, each a string or a one-message list ``[{"role": "assistant", "content": ...}]``.
+A plain prompt is followed by the answer and EOS, as a prompt/completion example (instruct.py); a
+conversation goes through the chat template (data.chat_template, else model.init's): the prompt is
+the conversation with the generation prompt, the answer what the template adds for the assistant
+turn. Prompt and answer are tokenized one by one and concatenated; labels are -100 on the prompt.
+
+data.source "sorting" is a synthetic task (sorting_pairs, sized by data.synthetic): prefer the
+sorted letters to the same letters shuffled.
+
+Batches hold 2 rows per pair, the chosen answer's row then the rejected one's (``chosen`` marks
+them), so any split of the rows into micro-batches or ranks keeps each pair whole.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .batches import IGNORE, Batch, generator
+from .corpus import VAL_EVERY, VAL_OFFSET
+from .data import _check_path, _lines
+from .instruct import _render, load_template
+from .tokenizers import TextTokenizer, build_tokenizer, pretrained_tokenizer
+
+Pair = tuple[np.ndarray, np.ndarray, np.ndarray]  # (prompt ids, chosen answer ids, rejected answer ids)
+FORMAT = '{"prompt": str or "messages": [...], "chosen": str, "rejected": str}'
+
+
+@dataclass
+class PreferenceData:
+    tokenizer: TextTokenizer
+    train: list[Pair]
+    val: list[Pair]
+
+
+def _messages(value, path: Path, n: int, field: str) -> list[dict]:
+    if not (isinstance(value, list) and value):
+        raise ValueError(f"{path}:{n}: '{field}' must be a non-empty list of messages, got {value!r}")
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{path}:{n}: each message in '{field}' needs string fields 'role' and 'content': {m!r}")
+    return value
+
+
+def _answer(obj: dict, field: str, path: Path, n: int) -> str:
+    if field not in obj:
+        raise ValueError(f"{path}:{n}: missing '{field}'; each line needs {FORMAT}")
+    value = obj[field]
+    if isinstance(value, list) and len(value) == 1:  # [{"role": "assistant", "content": ...}]
+        (m,) = _messages(value, path, n, field)
+        if m["role"] != "assistant":
+            raise ValueError(f"{path}:{n}: '{field}' as a message must have role 'assistant', got {m['role']!r}")
+        value = m["content"]
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{path}:{n}: '{field}' must be a non-empty string or one assistant message, got {value!r}")
+    return value
+
+
+def checked(obj, path: Path, n: int) -> dict:
+    """One line as {"prompt": str} or {"messages": [...]} plus "chosen" and "rejected" strings."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{path}:{n}: expected a JSON object {FORMAT}, got {type(obj).__name__}")
+    if ("prompt" in obj) == ("messages" in obj):
+        raise ValueError(f"{path}:{n}: needs exactly one of 'prompt' and 'messages' (got {sorted(obj)}); {FORMAT}")
+    chosen, rejected = _answer(obj, "chosen", path, n), _answer(obj, "rejected", path, n)
+    if chosen == rejected:
+        raise ValueError(f"{path}:{n}: 'chosen' and 'rejected' are the same text ({chosen[:60]!r}): nothing to prefer")
+    prompt = obj.get("prompt", obj.get("messages"))
+    if isinstance(prompt, str):
+        return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
+    field = "prompt" if "prompt" in obj else "messages"
+    return {"messages": _messages(prompt, path, n, field), "chosen": chosen, "rejected": rejected}
+
+
+def read_pairs(path: Path) -> list[dict]:
+    out = []
+    for n, line in _lines(path):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
+        out.append(checked(obj, path, n))
+    if len(out) < 2:
+        raise ValueError(f"data.source={str(path)!r} holds {len(out)} preference pairs: need 2 (train, validation)")
+    return out
+
+
+def texts(example: dict, template) -> tuple[str, str, str]:
+    """(prompt, chosen answer, rejected answer) as the model reads them."""
+    if "prompt" in example:
+        return example["prompt"], example["chosen"], example["rejected"]
+    messages = example["messages"]
+    before = _render(template, messages, True)
+    answers = []
+    for answer in (example["chosen"], example["rejected"]):
+        through = _render(template, [*messages, {"role": "assistant", "content": answer}], False)
+        if not through.startswith(before):
+            raise ValueError(
+                "the chat template does not render the conversation with the generation prompt as a prefix of "
+                "the conversation with the answer, so the answer cannot be located; use plain prompt data instead"
+            )
+        answers.append(through[len(before) :])
+    return before, *answers
+
+
+def encode(example: dict, template, tok: TextTokenizer) -> Pair:
+    prompt, chosen, rejected = texts(example, template)
+    # A plain answer ends in EOS (the model learns to stop), as a prompt/completion example does.
+    eos = [tok.eos_id] if "prompt" in example and tok.eos_id is not None else []
+    ids = [np.asarray(tok.encode(t), dtype=np.int64) for t in (prompt, chosen, rejected)]
+    return ids[0], np.concatenate([ids[1], eos]).astype(np.int64), np.concatenate([ids[2], eos]).astype(np.int64)
+
+
+def sorting_pairs(n: int, *, min_len: int, max_len: int, alphabet: str, seed: int) -> list[dict]:
+    """The synthetic preference task of the dpo-tiny recipe: letters, then the preferred answer is
+    them sorted, the rejected one the same letters in another (shuffled) order."""
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        letters = [rng.choice(alphabet) for _ in range(rng.randint(max(2, min_len), max_len))]
+        chosen, shuffled = "".join(sorted(letters)), letters[:]
+        rng.shuffle(shuffled)
+        if "".join(shuffled) != chosen:
+            out.append({"prompt": "".join(letters) + ":", "chosen": chosen, "rejected": "".join(shuffled)})
+    return out
+
+
+def read_source(recipe) -> tuple[list[dict], Path | None]:
+    d = recipe.data
+    if d.source == "sorting":  # held out: the last n_val pairs
+        s = d.synthetic
+        shape = {k: s[k] for k in ("min_len", "max_len", "alphabet", "seed")}
+        return sorting_pairs(s["n_train"] + s["n_val"], **shape), None
+    path = _check_path(d.source)
+    return read_pairs(path), path
+
+
+def prepare(recipe, tokenizer_json: str | None) -> PreferenceData:
+    """Read, render and tokenize data.source (small files: nothing is cached)."""
+    from .finetune import init_of
+
+    examples, path = read_source(recipe)
+    template = load_template(recipe, init_of(recipe))
+    if template is None and any("messages" in e for e in examples):
+        raise ValueError(
+            f"data.source={recipe.data.source!r} holds conversations but there is no chat template: set "
+            "data.chat_template to a jinja2 file, or start from a model.init folder with a chat template (plain "
+            "prompts need none)"
+        )
+    rendered = [texts(e, template) for e in examples]
+    if tokenizer_json is not None:
+        tok = pretrained_tokenizer(tokenizer_json)
+    else:  # from scratch: a tokenizer over everything the model will read
+        tok = build_tokenizer(recipe.data.tokenizer, "".join(t for r in rendered for t in r),
+                              vocab_size=recipe.data.bpe_vocab_size)  # fmt: skip
+    encoded = [encode(e, template, tok) for e in examples]
+    if path is None:
+        held = [i >= recipe.data.synthetic["n_train"] for i in range(len(encoded))]
+    else:  # every 10th pair (the last one with fewer than 10), as for instruction data
+        held = [i % VAL_EVERY == VAL_OFFSET for i in range(len(encoded))] if len(encoded) >= VAL_EVERY else None
+        held = held or [i == len(encoded) - 1 for i in range(len(encoded))]
+    return PreferenceData(tok, [e for e, h in zip(encoded, held) if not h], [e for e, h in zip(encoded, held) if h])
+
+
+class PreferenceBatches:
+    """Pairs drawn with replacement as a pure function of (seed, step); each pair gives two rows,
+    prompt + chosen and prompt + rejected, right-padded to the longest row of the batch and cut to
+    seq_len + 1 tokens: ids = x[:-1], labels = y[1:] (-100 on the prompt and the padding)."""
+
+    def __init__(self, data: PreferenceData, *, batch_size: int, seq_len: int, seed: int) -> None:
+        if not data.train or not data.val:
+            raise ValueError("preference data needs at least one training and one validation pair")
+        self.data, self.batch_size, self.seq_len, self.seed = data, batch_size, seq_len, seed
+        tok = data.tokenizer
+        self.pad = next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
+        long = [(p, a) for p, *answers in data.train + data.val for a in answers if len(p) + len(a) > seq_len + 1]
+        if long:
+            lost = sum(len(p) >= seq_len + 1 for p, _ in long)
+            warnings.warn(
+                f"{len(long)} preference answers with their prompt are longer than data.seq_len + 1 = "
+                f"{seq_len + 1} tokens and are cut there ({lost} of them keep no answer token); raise data.seq_len",
+                stacklevel=2,
+            )
+
+    def collate(self, pairs: list[Pair]) -> Batch:
+        rows = [(p, a) for p, *answers in pairs for a in answers]  # chosen row, then rejected row, per pair
+        L = min(self.seq_len + 1, max(len(p) + len(a) for p, a in rows))
+        ids = np.full((len(rows), L), self.pad, dtype=np.int64)  # (2P, T + 1)
+        labels = np.full((len(rows), L), IGNORE, dtype=np.int64)  # (2P, T + 1)
+        for r, (prompt, answer) in enumerate(rows):
+            x = np.concatenate([prompt, answer])[:L]
+            ids[r, : len(x)] = x
+            labels[r, len(prompt) : len(x)] = x[len(prompt) :]
+        ids_t, labels_t = torch.from_numpy(ids), torch.from_numpy(labels)
+        chosen = torch.arange(len(rows)) % 2 == 0  # (2P,)
+        return {"ids": ids_t[:, :-1], "labels": labels_t[:, 1:], "chosen": chosen}
+
+    def batch(self, step: int) -> Batch:
+        picks = torch.randint(0, len(self.data.train), (self.batch_size,), generator=generator(self.seed, step, 0))
+        return self.collate([self.data.train[i] for i in picks.tolist()])
+
+    def eval_batches(self, n: int) -> list[Batch]:
+        val = self.data.val
+        chunks = [val[i : i + self.batch_size] for i in range(0, len(val), self.batch_size)]
+        return [self.collate(c) for c in chunks[:n]]
