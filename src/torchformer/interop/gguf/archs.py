@@ -12,6 +12,17 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   runs them with NeoX-style rope).
 - ``gemma``, ``gemma2``: RMSNorm weights stored as 1 + w (llama.cpp's norm has no offset); we
   subtract 1 (exact in fp32 for weights near 1, and our norm adds the 1 back).
+- ``gemma3``: as gemma2, plus per-head QK-norm (also stored 1 + w). The file has the full layers'
+  RoPE (rope.freq_base and its scaling) and the sliding layers' base (rope.freq_base_swa, else
+  llama.cpp's 10000, unscaled); the layer pattern is attention.sliding_window_pattern (a list, or
+  n: every n-th layer full), else llama.cpp's 6; no window at all makes every layer full.
+- ``gemma2``, ``gemma3``: the score scale is not in the file: llama.cpp uses head_dim ** -0.5,
+  or (d_model / n_heads) ** -0.5 for the 27B alone, which it recognises by its layer count; we
+  read it the same way (query_pre_attn_scalar), so the published models load as they run there.
+- ``gptneox``: attn_qkv is [all q; all k; all v] where HF's query_key_value is head by head
+  ([q_h; k_h; v_h]); we regroup the rows. Partial rotary from rope.dimension_count; the activation
+  is not in the file: HF's "gelu" (Pythia's; llama.cpp runs the tanh form).
+- ``olmo2``: nothing changed (output norms and full-width QK-norm map by name).
 - ``phi3``: fused attn_qkv / ffn_up (gate; up) split by the phi3 key map; LongRoPE from the
   rope_factors_long/short tensors. llama.cpp picks the long factors when the context it was
   started with exceeds the original one, we (as transformers) when the sequence does: the same
@@ -25,9 +36,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
-from ..transforms import half_to_interleaved, interleaved_to_half
+from ..hf_kinds import FULL, SLIDING
+from ..transforms import fuse_head_interleaved, half_to_interleaved, interleaved_to_half, split_head_interleaved
 from .container import GGUFFile, gguf_module
 
 
@@ -36,7 +49,46 @@ class Arch:
     model_type: str  # the interop family (interop/hf.py FAMILIES) that reads it
     permuted_qk: bool = False  # llama.cpp permuted q/k rows to the interleaved RoPE layout
     norm_plus_one: bool = False  # norms stored as 1 + w (Gemma)
+    qkv_by_head: bool = False  # attn_qkv regrouped from [q; k; v] to HF's head-by-head layout (NeoX)
     fields: dict = field(default_factory=dict)  # {arch}.KEY -> config.json key, copied when present
+    extra: Callable[[GGUFFile, str, dict], dict] | None = None  # config.json entries several keys make
+
+
+def _gemma_scalar(layers_of_27b: int) -> Callable[[GGUFFile, str, dict], dict]:
+    """query_pre_attn_scalar as llama.cpp derives it (its 27B: d_model / n_heads, else head_dim)."""
+
+    def extra(f: GGUFFile, name: str, hf: dict) -> dict:
+        big = hf["num_hidden_layers"] == layers_of_27b
+        return {"query_pre_attn_scalar": hf["hidden_size"] // hf["num_attention_heads"] if big else hf["head_dim"]}
+
+    return extra
+
+
+def _gemma3(f: GGUFFile, name: str, hf: dict) -> dict:
+    """Gemma 3's layer pattern and its two RoPEs, as llama.cpp's gemma3 graph applies them."""
+    n, window = hf["num_hidden_layers"], f.get(f"{name}.attention.sliding_window", 0)
+    pattern = f.get(f"{name}.attention.sliding_window_pattern", 6)
+    if not window:
+        sliding = [False] * n
+    elif isinstance(pattern, list):
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(n)]
+    full = dict(hf["rope_parameters"])
+    local = {"rope_type": "default", "rope_theta": f.get(f"{name}.rope.freq_base_swa", 10_000.0)}
+    return {
+        **_gemma_scalar(62)(f, name, hf),
+        "sliding_window": window or None,
+        "layer_types": [SLIDING if s else FULL for s in sliding],
+        "rope_parameters": {FULL: full, SLIDING: local},
+    }
+
+
+def _no_windows(f: GGUFFile, name: str, hf: dict) -> dict:
+    if f.get(f"{name}.attention.sliding_window", 0):
+        raise ValueError(f"{f.path}: {name}.attention.sliding_window is set (OLMo 3); sliding windows are "
+                         "supported for gemma2, gemma3, phi3 files")  # fmt: skip
+    return {}
 
 
 ARCHS: dict[str, Arch] = {
@@ -44,8 +96,7 @@ ARCHS: dict[str, Arch] = {
     "qwen2": Arch("qwen2"),
     "qwen3": Arch("qwen3"),
     "gemma": Arch("gemma", norm_plus_one=True),
-    # llama.cpp scales gemma2's scores by head_dim ** -0.5 (d_model / n_heads for the 27B alone): the
-    # config's query_pre_attn_scalar default; windows alternate from layer 0 as transformers' default.
+    # windows alternate from layer 0 in llama.cpp as in transformers' default layer_types.
     "gemma2": Arch(
         "gemma2",
         norm_plus_one=True,
@@ -54,8 +105,19 @@ ARCHS: dict[str, Arch] = {
             "final_logit_softcapping": "final_logit_softcapping",
             "attention.sliding_window": "sliding_window",
         },
+        extra=_gemma_scalar(46),
+    ),
+    "gemma3": Arch(
+        "gemma3_text", norm_plus_one=True, fields={"final_logit_softcapping": "final_logit_softcapping"}, extra=_gemma3
     ),
     "phi3": Arch("phi3", fields={"attention.sliding_window": "sliding_window"}),  # 0: none (the converter's)
+    "gptneox": Arch(
+        "gpt_neox",
+        qkv_by_head=True,
+        fields={"use_parallel_residual": "use_parallel_residual", "attention.layer_norm_epsilon": "layer_norm_eps"},
+        extra=lambda f, name, hf: {"hidden_act": "gelu"},
+    ),
+    "olmo2": Arch("olmo2", extra=_no_windows),
 }
 NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "output_norm", "attn_q_norm", "attn_k_norm")
 SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)
@@ -88,15 +150,16 @@ def hf_config(f: GGUFFile) -> dict:
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon", 1e-5),
         "max_position_embeddings": key("context_length", 2048),
         "tie_word_embeddings": "output.weight" not in f.tensors,
-        "attention_bias": "blk.0.attn_q.bias" in f.tensors,
+        "attention_bias": any(f"blk.0.{t}.bias" in f.tensors for t in ("attn_q", "attn_qkv")),
         "rope_parameters": {"rope_theta": key("rope.freq_base", 10000.0), **_rope_scaling(f, name)},
         **{t: f.get(f"tokenizer.ggml.{t}") for t in ("bos_token_id", "eos_token_id", "pad_token_id")},
         **{theirs: f.get(f"{name}.{ours}") for ours, theirs in arch.fields.items() if f"{name}.{ours}" in f.meta},
     }
     hf["partial_rotary_factor"] = key("rope.dimension_count", hf["head_dim"]) / hf["head_dim"]
+    hf["rope_parameters"]["partial_rotary_factor"] = hf["partial_rotary_factor"]  # where NeoX's reader looks
     if hf.get("sliding_window") == 0:
         hf["sliding_window"] = None
-    return hf
+    return {**hf, **(arch.extra(f, name, hf) if arch.extra else {})}
 
 
 def _rope_scaling(f: GGUFFile, name: str) -> dict:
@@ -143,6 +206,13 @@ def row_transforms(arch_name: str, hf: dict, to_gguf: bool) -> dict[str, Callabl
             out[leaf] = (
                 (lambda t, n=n: half_to_interleaved(t, n)) if to_gguf else (lambda t, n=n: interleaved_to_half(t, n))
             )
+    if arch.qkv_by_head:  # GGUF [q; k; v] <-> HF [q_h; k_h; v_h] per head
+        n = hf["num_attention_heads"]
+        out["attn_qkv"] = (
+            (lambda t: torch.cat(split_head_interleaved(t, n)))
+            if to_gguf
+            else (lambda t: fuse_head_interleaved(list(t.chunk(3)), n))
+        )
     if arch.norm_plus_one:
         out.update({leaf: (lambda t: t + 1) if to_gguf else (lambda t: t - 1) for leaf in NORMS})
     return out

@@ -1,13 +1,14 @@
 """to_gguf: a torchformer decoder -> a GGUF file llama.cpp and Ollama run.
 
-The reverse of read.py over the same tables: the family that fits the config (interop/hf.py's
-pick_model_type) gives config.json values and Hugging Face tensor names, archs.py the GGUF
-architecture and the converter's changes (llama's q/k rows permuted to the interleaved RoPE
-layout llama.cpp's llama graph rotates), gguf's TensorNameMap the GGUF names. Matrices are
-written in ``dtype`` (f16, bf16, or Q8_0 / Q4_0 by the gguf package's quantizers, which are
-llama.cpp's round-to-nearest ones); norms and other vectors stay F32, as llama.cpp's converter
-writes them. K-quants: write f16 and run llama.cpp's ``llama-quantize`` (or
-``llama_cpp.llama_model_quantize``) on it.
+The reverse of read.py over the same tables: exportable.py picks the architecture and gives the
+Hugging Face tensor names (through the family's key map), archs.py the converter's changes
+(llama's q/k rows permuted to the interleaved RoPE layout llama.cpp's llama graph rotates),
+gguf's TensorNameMap the GGUF names. Matrices are written in ``dtype`` (f16, bf16, or Q8_0 /
+Q4_0 by the gguf package's quantizers, which are llama.cpp's round-to-nearest ones); norms and
+other vectors stay F32, as llama.cpp's converter writes them. K-quants (q4_k_m, ...) are written
+f16 first and quantized by llama.cpp's own ``llama_model_quantize`` through llama-cpp-python
+(quantize.py): K-quant blocks are chosen by a search only llama.cpp implements, and it is the
+tool those files come from.
 """
 
 from __future__ import annotations
@@ -20,48 +21,60 @@ import numpy as np
 from torch import nn
 
 from ...config import ModelConfig, RoPE
-from ...models.saving import unique_state
 from ...nn.rope_scaling import default_inv_freq, llama3_inv_freq
 from ...rope_scaling_configs import LinearScaling, Llama3Scaling, LongRoPE
-from ..hf import FAMILIES, check_unquantized, pick_model_type
-from .archs import name_table, row_transforms
+from ..hf import check_unquantized
+from .archs import ARCHS, name_table, row_transforms
 from .container import gguf_module
+from .exportable import export_plan, writer_transforms
+from .quantize import K_QUANTS, check_k_quant, k_quantize
 from .vocab import write_tokenizer
 
 logger = logging.getLogger(__name__)
-DTYPES = ("f16", "bf16", "q8_0", "q4_0")
+DTYPES = ("f16", "bf16", "q8_0", "q4_0", *K_QUANTS)
 FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
-ARCH_OF = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # model_type -> GGUF arch
 
 
-def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "f16", tokenizer=None) -> Path:
-    """Write ``model`` (a float torchformer decoder of a Llama, Mistral, Qwen2 or Qwen3 layout) to
-    the GGUF file ``path`` with its ``tokenizer`` (a byte-level BPE ``tokenizers.Tokenizer``; llama.cpp
-    needs a vocabulary to load a model). Returns the path. Everything is checked before writing."""
+def to_gguf(
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    dtype: str = "f16",
+    tokenizer=None,
+    chat_template: str | None = None,
+) -> Path:
+    """Write ``model`` (a float torchformer decoder of a Llama, Mistral, Qwen2, Qwen3 or GPT-2 layout) to
+    the GGUF file ``path`` with its ``tokenizer`` (a ``tokenizers.Tokenizer``: byte-level BPE, or
+    `torchformer train`'s byte or char kinds; llama.cpp needs a vocabulary to load a model) and
+    ``chat_template`` (Jinja text, written as tokenizer.chat_template). ``dtype``: f16, bf16, q8_0,
+    q4_0, or a K-quant (q4_k_m, ...: needs llama-cpp-python). Returns the path. Everything is
+    checked before writing."""
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"to_gguf needs a torchformer model (built by build_model), got {type(model).__name__}")
     if dtype not in DTYPES:
-        raise ValueError(f"dtype={dtype!r}: must be one of {list(DTYPES)} (K-quants: llama-quantize the f16 file)")
+        raise ValueError(f"dtype={dtype!r}: must be one of {list(DTYPES)}")
     if tokenizer is None:
         raise ValueError("tokenizer=None: llama.cpp loads no model without a vocabulary; pass a tokenizers.Tokenizer")
+    if chat_template is not None and not isinstance(chat_template, str):
+        raise TypeError(f"chat_template={chat_template!r}: must be the template's Jinja text or None")
+    if dtype in K_QUANTS:
+        check_k_quant(dtype)
     check_unquantized(model)
-    model_type = pick_model_type(cfg, None)
-    if model_type not in ARCH_OF:
-        raise ValueError(f"this model is a {model_type}: GGUF export writes {sorted(ARCH_OF)} layouts")
-    arch = ARCH_OF[model_type]
-    family = FAMILIES[model_type]
-    hf, _ = family.config_to_hf(cfg, "float32")
+    plan = export_plan(model)
+    arch, cfg = plan.arch, plan.cfg
+    heads = {"num_attention_heads": cfg.attention.n_heads, "num_key_value_heads": cfg.n_kv_heads}
     gguf = gguf_module()
     writer = gguf.GGUFWriter(None, arch)
-    _metadata(writer, arch, cfg, hf, FILE_TYPES[dtype])
-    write_tokenizer(writer, tokenizer, cfg)
-    state = family.keymap(cfg).to_theirs(unique_state(model)).tensors
-    table, redo = name_table(arch, cfg.n_layers), row_transforms(arch, hf, to_gguf=True)
-    for hf_name, tensor in state.items():
+    matrices = "f16" if dtype in K_QUANTS else dtype
+    _metadata(writer, cfg, FILE_TYPES[matrices])
+    write_tokenizer(writer, tokenizer, cfg, chat_template)
+    table = name_table(arch, cfg.n_layers)
+    redo = {**(row_transforms(arch, heads, to_gguf=True) if arch in ARCHS else {}), **writer_transforms(arch)}
+    for hf_name, tensor in plan.state.items():
         name = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         t = redo.get(name.split(".")[-2], lambda x: x)(tensor.detach().float())
-        _add(writer, gguf, name, t.numpy(), dtype)
+        _add(writer, gguf, name, t.numpy(), matrices)
     freqs = _rope_freqs(cfg)
     if freqs is not None:  # Llama 3 scaling: per-frequency divisors as a tensor, as the converter writes it
         writer.add_tensor("rope_freqs.weight", freqs)
@@ -71,37 +84,45 @@ def to_gguf(model: nn.Module, path: str | os.PathLike, *, dtype: str = "f16", to
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    tmp.replace(out)  # a reader never sees half a file
+    if dtype in K_QUANTS:
+        k_quantize(tmp, out, dtype)  # f16 -> the K-quant, written beside and renamed into place
+        tmp.unlink()
+    else:
+        tmp.replace(out)  # a reader never sees half a file
     return out
 
 
-def _metadata(writer, arch: str, cfg: ModelConfig, hf: dict, file_type: int) -> None:
+def _metadata(writer, cfg: ModelConfig, file_type: int) -> None:
     a = cfg.attention
-    writer.add_name(f"torchformer {arch}")
-    writer.add_context_length(hf["max_position_embeddings"])
+    writer.add_name(f"torchformer {writer.arch}")
+    writer.add_context_length(cfg.max_seq_len)
     writer.add_embedding_length(cfg.d_model)
-    writer.add_feed_forward_length(cfg.block.d_ff)
+    writer.add_feed_forward_length(cfg.d_ff)
     writer.add_block_count(cfg.n_layers)
     writer.add_head_count(a.n_heads)
     writer.add_head_count_kv(cfg.n_kv_heads)
-    writer.add_key_length(a.head_dim)
-    writer.add_value_length(a.head_dim)
-    writer.add_rope_dimension_count(a.head_dim)
-    writer.add_rope_freq_base(cfg.positions.base)
-    writer.add_layer_norm_rms_eps(cfg.block.norm_eps)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    if cfg.block.norm == "layernorm":
+        writer.add_layer_norm_eps(cfg.block.norm_eps)
+    else:
+        writer.add_layer_norm_rms_eps(cfg.block.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type(file_type)
     writer.add_quantization_version(2)
-    if isinstance(cfg.positions.scaling, LinearScaling):
-        writer.add_rope_scaling_type(gguf_module().RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(cfg.positions.scaling.factor)
+    if isinstance(cfg.positions, RoPE):
+        writer.add_rope_dimension_count(cfg.head_dim)
+        writer.add_rope_freq_base(cfg.positions.base)
+        if isinstance(cfg.positions.scaling, LinearScaling):
+            writer.add_rope_scaling_type(gguf_module().RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(cfg.positions.scaling.factor)
 
 
 def _rope_freqs(cfg: ModelConfig) -> np.ndarray | None:
     """Per-frequency divisors for the schemes llama.cpp's llama graph takes as a rope_freqs tensor;
     None for plain and linear RoPE; ValueError for the rest."""
-    pos: RoPE = cfg.positions
-    s, dim = pos.scaling, cfg.attention.head_dim
+    pos = cfg.positions
+    s, dim = getattr(pos, "scaling", None), cfg.head_dim
     if s is None or isinstance(s, LinearScaling):
         return None
     if isinstance(s, Llama3Scaling):
