@@ -93,7 +93,27 @@ FAMILIES["phi3"] = ("Phi3Config", dict(vocab_size=448, pad_token_id=0, tie_word_
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 32 for i in range(32)],
             "long_factor": [1.0 + i / 4 for i in range(32)], "original_max_position_embeddings": 64}  # fmt: skip
 FAMILIES["phi3-long"] = ("Phi3Config", dict(FAMILIES["phi3"][1], rope_scaling=LONGROPE))
-SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "phi3", "phi3-long")  # llama.cpp converts Gemma's tokenizer.model only
+# Gemma 3: six layers so the default pattern (five sliding, then one full) has its full layer;
+# linear scaling on the full layers' RoPE only (as the 4B+ models have); query_pre_attn_scalar =
+# head_dim, which llama.cpp assumes for every size but the 27B (the converter does not write it).
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}  # fmt: skip
+FAMILIES["gemma3"] = ("Gemma3TextConfig", dict(vocab_size=448, head_dim=64, num_hidden_layers=6, sliding_window=4,
+                                               query_pre_attn_scalar=64, rope_parameters=GEMMA3_ROPE))  # fmt: skip
+# GPT-NeoX: no GQA; the converter reads the 4.x name rotary_pct, which transformers 5 no longer
+# saves: config.json gets it added.
+FAMILIES["gptneox"] = ("GPTNeoXConfig", dict(num_key_value_heads=4))
+CONFIG_JSON = {"gptneox": {"rotary_pct": 0.25}}
+# The converter reads hparams through transformers' AutoConfig.to_dict(), which drops names
+# transformers 5 renamed: this one also takes config.json's keys the dict lacks.
+CONVERT_RAW_KEYS = CONVERT.replace(
+    "from conversion import base\n",
+    "from conversion import base\nimport json\nhp = base.ModelBase.load_hparams\n"
+    "base.ModelBase.load_hparams = staticmethod(lambda d, m: {**json.load(open(d / 'config.json')), **hp(d, m)})\n",
+)
+FAMILIES["olmo2"] = ("Olmo2Config", dict(tie_word_embeddings=False))
+# llama.cpp converts Gemma's tokenizer.model only
+SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
 
 
 def spm_tokenizer(folder: Path, vocab: int) -> None:
@@ -118,6 +138,8 @@ def spm_tokenizer(folder: Path, vocab: int) -> None:
 def hf_folder(family: str) -> Path:
     import transformers
 
+    from torchformer.models.saving import read_json
+
     cls, extra = FAMILIES[family]
     cfg = getattr(transformers, cls)(**{**SHAPE, **extra})
     torch.manual_seed(0)
@@ -128,6 +150,8 @@ def hf_folder(family: str) -> Path:
                 p.uniform_(0.5, 1.5)
     folder = ROOT / family / "hf"
     model.save_pretrained(folder)
+    if family in CONFIG_JSON:
+        (folder / "config.json").write_text(json.dumps({**read_json(folder / "config.json"), **CONFIG_JSON[family]}))
     if family in SENTENCEPIECE:
         spm_tokenizer(folder, cfg.vocab_size)
     else:
@@ -143,7 +167,7 @@ def gguf_file(family: str, kind: str = "F32") -> Path:
         cmd = [
             sys.executable,
             "-c",
-            CONVERT,
+            CONVERT_RAW_KEYS if family in CONFIG_JSON else CONVERT,
             str(llama_source(CACHE)),
             str(hf_folder(family)),
             "--outtype",
@@ -212,3 +236,15 @@ def llama_tokenize(path: Path, text: str, add_bos: bool) -> list[int]:
 
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     return llm.tokenize(text.encode(), add_bos=add_bos, special=False)
+
+
+def llama_detokenize(path: Path, ids: list[int]) -> str:
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False).detokenize(ids).decode()
+
+
+def llama_metadata(path: Path) -> dict:
+    import llama_cpp
+
+    return llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False).metadata

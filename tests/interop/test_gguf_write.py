@@ -11,13 +11,14 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+import torchformer as tfm
 from torchformer.cli.main import main
 from torchformer.interop import from_hf
 from torchformer.interop.gguf import from_gguf, to_gguf
-from torchformer.interop.gguf.tokenizer import tokenizer_from_gguf
+from torchformer.interop.gguf.tokenizer import chat_template_from_gguf, tokenizer_from_gguf
 from torchformer.nn.quant import Int4Linear
 
-from .gguf_llamacpp import TEXTS, hf_folder, llama_greedy, llama_logits, llama_tokenize, need_llama_cpp
+from .gguf_llamacpp import CHAT, TEXTS, hf_folder, llama_greedy, llama_logits, llama_tokenize, need_llama_cpp
 
 # One xdist worker makes the GGUF files once (a conversion takes ~15 s).
 pytestmark = pytest.mark.xdist_group("gguf")
@@ -87,7 +88,7 @@ def test_convert_to_gguf_from_a_checkpoint(tmp_path, capsys):
 
 def test_bad_export_arguments(tmp_path):
     model, tok = source("llama")
-    with pytest.raises(ValueError, match=r"dtype='q4_k': must be one of \['f16', 'bf16', 'q8_0', 'q4_0'\]"):
+    with pytest.raises(ValueError, match=r"dtype='q4_k': must be one of \['f16', 'bf16', 'q8_0', 'q4_0', 'q4_k_m', "):
         to_gguf(model, tmp_path / "x.gguf", dtype="q4_k", tokenizer=tok)
     with pytest.raises(ValueError, match="tokenizer=None"):
         to_gguf(model, tmp_path / "x.gguf", dtype="f16")
@@ -96,3 +97,78 @@ def test_bad_export_arguments(tmp_path):
     with pytest.raises(ValueError, match="GGUF export writes byte-level BPE"):
         to_gguf(model, tmp_path / "x.gguf", tokenizer=Tokenizer(models.WordLevel({"a": 0}, unk_token="a")))
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_the_chat_template_is_written_when_given(tmp_path):
+    model, tok = source("qwen3")
+    with_chat = to_gguf(model, tmp_path / "chat.gguf", tokenizer=tok, chat_template=CHAT)
+    assert chat_template_from_gguf(with_chat)[0] == CHAT
+    assert chat_template_from_gguf(to_gguf(model, tmp_path / "plain.gguf", tokenizer=tok))[0] is None  # control
+    out = tmp_path / "cli.gguf"  # convert takes the folder's tokenizer_config.json template
+    assert main(["convert", "--to-gguf", str(hf_folder("qwen3")), "--out", str(out)]) == 0
+    assert chat_template_from_gguf(out)[0] == CHAT
+
+
+def test_char_and_byte_tokenizers_read_back_as_they_split(tmp_path):
+    from torchformer.training.tokenizers import build_tokenizer
+
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n\tAll: speak, speak!"
+    for kind in ("char", "byte"):
+        ours = build_tokenizer(kind, text)
+        model = tfm.build_model(tfm.presets.get("shakespeare-char", d_model=32, n_layers=1, attention={"n_heads": 2},
+                                                vocab_size=ours.vocab_size))  # fmt: skip
+        path = to_gguf(model, tmp_path / f"{kind}.gguf", tokenizer=ours.hf)
+        back = tokenizer_from_gguf(path)
+        ids = back.encode(text, add_special_tokens=False).ids
+        assert ids == ours.encode(text).tolist() and back.decode(ids) == text, kind
+        fields = gguf.GGUFReader(path).fields
+        assert fields["general.architecture"].contents() == "gpt2"  # GPT-2 with zero attention biases
+        assert fields["tokenizer.ggml.eos_token_id"].contents() == ours.eos_id  # not llama.cpp's GPT-2 default 11
+
+
+def test_a_char_tokenizer_beyond_ascii_is_refused_before_any_tensor_work(tmp_path, monkeypatch):
+    from torchformer.interop.gguf import exportable
+    from torchformer.training.tokenizers import build_tokenizer
+
+    ours = build_tokenizer("char", "plain text, and then: naïve café")
+    model = tfm.build_model(tfm.presets.get("shakespeare-char", d_model=32, n_layers=1, attention={"n_heads": 2},
+                                            vocab_size=ours.vocab_size))  # fmt: skip
+    monkeypatch.setattr(exportable, "unique_state", lambda m: pytest.fail("tensors were read before the check"))
+    with pytest.raises(ValueError, match=r"characters beyond ASCII \['é', 'ï'\] \(2 in all\)"):
+        to_gguf(model, tmp_path / "x.gguf", tokenizer=ours.hf)
+    assert not list(tmp_path.iterdir())
+
+
+def test_k_quant_without_llama_cpp_python_is_one_clear_error(tmp_path, monkeypatch):
+    from torchformer.interop.gguf import exportable, quantize
+
+    model, tok = source("qwen3")
+    real = quantize.importlib.import_module
+    missing = lambda name: (_ for _ in ()).throw(ImportError(name)) if name == "llama_cpp" else real(name)  # noqa: E731
+    monkeypatch.setattr(quantize.importlib, "import_module", missing)
+    monkeypatch.setattr(exportable, "unique_state", lambda m: pytest.fail("tensors were read before the check"))
+    with pytest.raises(ValueError, match=r"dtype='q4_k_m': K-quants are made by llama.cpp's quantizer, which needs"):
+        to_gguf(model, tmp_path / "x.gguf", dtype="q4_k_m", tokenizer=tok)
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_cli_offers_every_export_type():
+    from torchformer.cli.convert import GGUF_TYPES
+    from torchformer.interop.gguf.write import DTYPES
+
+    assert GGUF_TYPES == DTYPES
+
+
+@pytest.mark.parametrize("kind", ["q4_k_m", "q6_k"])
+def test_k_quant_exports_by_llama_cpps_quantizer(tmp_path, kind):
+    need_llama_cpp()
+    model, tok = source("qwen3")
+    path = to_gguf(model, tmp_path / f"{kind}.gguf", dtype=kind, tokenizer=tok)
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert {"Q4_K_M": "Q4_K", "Q6_K": "Q6_K"}[kind.upper()] in types and "F16" not in types, types
+    ours, theirs = logits(from_gguf(path), IDS), llama_logits(path, IDS)
+    assert (ours - theirs).abs().max() < 0.1  # the file's numbers, llama.cpp's 8-bit activations (as Q8_0 / Q4_0)
+    assert (ours - logits(model, IDS)).abs().max() > 1e-3  # quantized indeed: not the float model's logits
+    out = tmp_path / "cli.gguf"
+    assert main(["convert", "--to-gguf", str(hf_folder("qwen3")), "--out", str(out), "--outtype", kind]) == 0
+    assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors} == types

@@ -6,6 +6,9 @@ import argparse
 from pathlib import Path
 
 TOKENIZER = "tokenizer.json"
+# to_gguf's dtypes (interop/gguf/write.py DTYPES; a test keeps them equal): the K-quants are made
+# by llama.cpp's quantizer and need llama-cpp-python.
+GGUF_TYPES = ("f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q4_k_s", "q5_k_m", "q5_k_s", "q6_k", "q3_k_m", "q2_k")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "never the source folder, one inside it or one holding it",
     )
     p.add_argument(
-        "--outtype", choices=["f16", "bf16", "q8_0", "q4_0"], default="f16", help="with --to-gguf: matrix type (f16)"
+        "--outtype",
+        choices=GGUF_TYPES,
+        default="f16",
+        help="with --to-gguf: matrix type (f16; K-quants such as q4_k_m need llama-cpp-python)",
     )
     p.add_argument("--force", action="store_true", help="replace --out even if it holds other files (they are lost)")
     p.add_argument(
@@ -72,7 +78,13 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(
                 f"--to-gguf {args.to_gguf!r}: no {TOKENIZER} beside the model; llama.cpp needs a vocabulary"
             )
-        out = to_gguf(load_any(args.to_gguf), args.out, dtype=args.outtype, tokenizer=load_tokenizer(args.to_gguf))
+        from ..interop.gguf.quantize import K_QUANTS, check_k_quant
+
+        if args.outtype in K_QUANTS:
+            check_k_quant(args.outtype)  # llama-cpp-python is there, before the model is read
+        chat = _chat_template(args.to_gguf)  # written for llama.cpp's server and Ollama to chat with
+        model, tokenizer = load_any(args.to_gguf), load_tokenizer(args.to_gguf)
+        out = to_gguf(model, args.out, dtype=args.outtype, tokenizer=tokenizer, chat_template=chat)
         kind = f"GGUF file ({args.outtype})"
     elif args.from_gguf is not None:
         from ..interop.gguf import from_gguf
@@ -114,3 +126,20 @@ def check_out(source: str, out: str) -> None:
 def _tokenizer(folder: str) -> dict[str, str]:
     file = Path(folder) / TOKENIZER
     return {TOKENIZER: file.read_text()} if file.is_file() else {}
+
+
+def _chat_template(folder: str) -> str | None:
+    """The folder's chat template text where serve finds it (serve/chat.py: chat_template.jinja,
+    else tokenizer_config.json's chat_template, a string or the "default" of a named list)."""
+    import json
+
+    from ..serve.chat import CONFIG_FILE, TEMPLATE_FILE
+
+    path = Path(folder)
+    if (path / TEMPLATE_FILE).is_file():
+        return (path / TEMPLATE_FILE).read_text()
+    config = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).is_file() else {}
+    source = config.get("chat_template")
+    if isinstance(source, list):
+        source = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}.get("default")
+    return source if isinstance(source, str) and source else None

@@ -31,7 +31,9 @@ NORMAL, CONTROL, UNUSED = 1, 3, 5
 PER_CHARACTER = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False}
 
 
-def write_tokenizer(writer, tokenizer, cfg: ModelConfig, chat_template: str | None = None) -> None:
+def tokenizer_metadata(tokenizer, cfg: ModelConfig, chat_template: str | None = None) -> list[tuple[str, object]]:
+    """The tokenizer.ggml.* entries as (GGUFWriter method, value) pairs, checked and computed
+    before anything is written (a tokenizer we cannot write is refused before any tensor work)."""
     raw = json.loads(tokenizer.to_str())
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > cfg.vocab_size:
@@ -41,27 +43,29 @@ def write_tokenizer(writer, tokenizer, cfg: ModelConfig, chat_template: str | No
     types = [CONTROL if i in special else NORMAL for i in range(size)]
     tokens += [f"[PAD{i}]" for i in range(size, cfg.vocab_size)]
     types += [UNUSED] * (cfg.vocab_size - size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
+    out = [("add_tokenizer_model", "gpt2"), ("add_tokenizer_pre", "gpt-2"), ("add_token_list", tokens),
+           ("add_token_types", types), ("add_token_merges", merges)]  # fmt: skip
     # The config's ids, else `torchformer train`'s special tokens: without them llama.cpp assumes
     # GPT-2's (id 11 for BOS and EOS), an ordinary character in a char vocabulary.
     ids = {
-        writer.add_bos_token_id: (cfg.bos_token_id, "<s>"),
-        writer.add_eos_token_id: (cfg.eos_token_id, "</s>"),
-        writer.add_pad_token_id: (cfg.pad_token_id, "<pad>"),
-        writer.add_unk_token_id: (None, "<unk>"),
+        "add_bos_token_id": (cfg.bos_token_id, "<s>"),
+        "add_eos_token_id": (cfg.eos_token_id, "</s>"),
+        "add_pad_token_id": (cfg.pad_token_id, "<pad>"),
+        "add_unk_token_id": (None, "<unk>"),
     }
-    for add, (value, text) in ids.items():
-        value = tokenizer.token_to_id(text) if value is None else value
-        if value is not None:
-            add(value)
+    resolved = {add: tokenizer.token_to_id(text) if value is None else value for add, (value, text) in ids.items()}
+    out += [(add, value) for add, value in resolved.items() if value is not None]
+    bos = resolved["add_bos_token_id"]
     with_specials, plain = tokenizer.encode("a").ids, tokenizer.encode("a", add_special_tokens=False).ids
-    writer.add_add_bos_token(with_specials[:1] == [cfg.bos_token_id] and with_specials != plain)  # its post-processor's
+    out.append(("add_add_bos_token", with_specials[:1] == [bos] and with_specials != plain))  # its post-processor's
     if chat_template:
-        writer.add_chat_template(chat_template)
+        out.append(("add_chat_template", chat_template))
+    return out
+
+
+def write_tokenizer(writer, entries: list[tuple[str, object]]) -> None:
+    for method, value in entries:
+        getattr(writer, method)(value)
 
 
 def vocabulary(tokenizer, raw: dict, size: int, special: set[int]) -> tuple[list[str], list[str]]:

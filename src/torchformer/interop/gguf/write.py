@@ -28,7 +28,7 @@ from .archs import ARCHS, name_table, row_transforms
 from .container import gguf_module
 from .exportable import export_plan, writer_transforms
 from .quantize import K_QUANTS, check_k_quant, k_quantize
-from .vocab import write_tokenizer
+from .vocab import tokenizer_metadata, write_tokenizer
 
 logger = logging.getLogger(__name__)
 DTYPES = ("f16", "bf16", "q8_0", "q4_0", *K_QUANTS)
@@ -61,6 +61,7 @@ def to_gguf(
     if dtype in K_QUANTS:
         check_k_quant(dtype)
     check_unquantized(model)
+    vocab = tokenizer_metadata(tokenizer, cfg, chat_template)
     plan = export_plan(model)
     arch, cfg = plan.arch, plan.cfg
     heads = {"num_attention_heads": cfg.attention.n_heads, "num_key_value_heads": cfg.n_kv_heads}
@@ -68,7 +69,7 @@ def to_gguf(
     writer = gguf.GGUFWriter(None, arch)
     matrices = "f16" if dtype in K_QUANTS else dtype
     _metadata(writer, cfg, FILE_TYPES[matrices])
-    write_tokenizer(writer, tokenizer, cfg, chat_template)
+    write_tokenizer(writer, vocab)
     table = name_table(arch, cfg.n_layers)
     redo = {**(row_transforms(arch, heads, to_gguf=True) if arch in ARCHS else {}), **writer_transforms(arch)}
     for hf_name, tensor in plan.state.items():
