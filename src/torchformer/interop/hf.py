@@ -19,7 +19,6 @@ import os
 import re
 import warnings
 from pathlib import Path
-from types import ModuleType
 
 import torch
 from torch import nn
@@ -43,38 +42,17 @@ from . import (
     hf_qwen3_moe,
     hf_roberta,
     hf_t5,
-    hf_xlm_roberta,
 )
+from .family import Family
 from .hf_config import check_sizes, config_dtype
 from .reader import SafetensorsFolder
 
-FAMILIES: dict[str, ModuleType] = {  # the expert families first: to_hf picks the first that fits
-    "mixtral": hf_mixtral,
-    "qwen3_moe": hf_qwen3_moe,
-    "qwen2_moe": hf_qwen3_moe,
-    "deepseek_v3": hf_deepseek,
-    # Before the Llama-layout families: their axes (QK-norm, NoPE layers, Gemma norms) are ones
-    # llama/phi3 do not all check for, and to_hf picks the first family that fits.
-    "qwen3": hf_qwen3,
-    "smollm3": hf_qwen3,
-    "olmo2": hf_qwen3,
-    "gemma": hf_gemma,
-    "gemma2": hf_gemma,
-    "gemma3_text": hf_gemma,
-    "llama": hf_llama,
-    "mistral": hf_llama,
-    "qwen2": hf_llama,
-    "gpt2": hf_gpt2,
-    "bert": hf_bert,
-    "bart": hf_bart,
-    "marian": hf_bart,
-    "gpt_neox": hf_neox,
-    "phi3": hf_phi3,  # fits Llama configs too: to_hf writes llama unless model_type="phi3"
-    "t5": hf_t5,
-    "roberta": hf_roberta,
-    "xlm-roberta": hf_xlm_roberta,  # the same layout: to_hf writes roberta unless model_type="xlm-roberta"
-    "distilbert": hf_distilbert,
-}
+# The order is the preference: to_hf writes the first family a config round-trips through.
+# Experts first; the Llama-layout families with an axis Llama lacks (QK-norm, NoPE, Gemma's
+# norms) before Llama, which reproduces every config Phi-3 and SmolLM3 do without their rules.
+ORDER = (hf_mixtral, hf_qwen3_moe, hf_deepseek, hf_qwen3, hf_gemma, hf_llama, hf_gpt2, hf_bert, hf_bart, hf_neox,
+         hf_phi3, hf_t5, hf_roberta, hf_distilbert)  # fmt: skip
+FAMILIES: dict[str, Family] = {f.model_type: f for module in ORDER for f in module.FAMILIES}
 PAIRINGS = ("half", "interleaved")
 logger = logging.getLogger(__name__)
 
@@ -158,7 +136,7 @@ def from_hf(
     return model
 
 
-def check_tensors(folder: Path, found: dict, expected: dict, family: ModuleType, cfg: ModelConfig, strict: bool):
+def check_tensors(folder: Path, found: dict, expected: dict, family: Family, cfg: ModelConfig, strict: bool):
     """Missing, mis-shaped and (when strict) unexpected tensors, all named in one ValueError."""
     want = {name: tuple(t.shape) for name, t in expected.items()}
     for alias, target in family.aliases(cfg).items():
@@ -171,7 +149,7 @@ def check_tensors(folder: Path, found: dict, expected: dict, family: ModuleType,
     for name in sorted(set(found) & set(want)):
         if found[name] != want[name]:
             problems.append(f"tensor {name!r} has shape {found[name]} in the file, the config implies {want[name]}")
-    ignored = [re.compile(p) for p in family.IGNORED]
+    ignored = [re.compile(p) for p in family.ignored]
     unexpected = sorted(n for n in set(found) - set(want) if not any(p.fullmatch(n) for p in ignored))
     if unexpected and strict:
         problems.append(f"unexpected tensors (pass strict=False to drop them): {unexpected}")
@@ -237,17 +215,14 @@ def pick_model_type(cfg: ModelConfig, model_type: str | None) -> str:
         if model_type not in FAMILIES:
             raise ValueError(f"model_type={model_type!r}: supported are {list(FAMILIES)}")
         problems = FAMILIES[model_type].unfit(cfg)
-        inferred = getattr(FAMILIES[model_type], "model_type_for", lambda c: model_type)(cfg)
-        if not problems and inferred != model_type:
-            problems = [f"this config is a {inferred} (attention biases / sliding window decide)"]
         if problems:
             raise ValueError(f"this model cannot be written as {model_type}: {'; '.join(problems)}")
         return model_type
-    reasons = {}
+    reasons: dict[tuple[str, ...], list[str]] = {}  # the same reasons said once for the families they share
     for name, family in FAMILIES.items():
         problems = family.unfit(cfg)
         if not problems:
-            return getattr(family, "model_type_for", lambda c, name=name: name)(cfg)
-        reasons.setdefault("/".join(family.MODEL_TYPES), problems)
-    lines = "\n  - ".join(f"{fam}: {'; '.join(why)}" for fam, why in reasons.items())
+            return name
+        reasons.setdefault(tuple(problems), []).append(name)
+    lines = "\n  - ".join(f"{'/'.join(names)}: {'; '.join(why)}" for why, names in reasons.items())
     raise ValueError(f"no Hugging Face family fits this model's config:\n  - {lines}")

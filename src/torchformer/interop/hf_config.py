@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..config import BlockConfig, ModelConfig
+from ..config import ModelConfig
 
 # HF activation names (transformers' ACT2FN keys) -> our block.mlp words.
 ACTIVATIONS = {
@@ -45,46 +45,11 @@ def check_sizes(hf: dict[str, Any], file) -> None:
             raise ValueError(f"{file}: {key}={value!r} must be a non-negative integer")
 
 
-def biased_layernorm_rules(cfg: ModelConfig, placement: str) -> list[tuple[bool, str]]:
-    """Fit rules shared by the biased-LayerNorm families (GPT-2, BERT, BART, Marian):
-    (ok, what is needed) pairs for the norm, the activation, the biases and plain MHA."""
-    a, b = cfg.attention, cfg.block
-    return [
-        (
-            b.norm == "layernorm" and b.norm_bias and b.norm_placement == placement,
-            f"needs {placement}-norm LayerNorm with bias",
-        ),
-        (b.mlp in HF_ACTIVATIONS, f"block.mlp={b.mlp!r} (needs one of {sorted(HF_ACTIVATIONS)})"),
-        (a.bias and a.o_bias and b.bias, "needs biases on every projection"),
-        (cfg.n_kv_heads == a.n_heads and cfg.head_dim * a.n_heads == cfg.d_model, "needs n_heads * head_dim = d_model"),
-    ]
-
-
-def swiglu_block(hf: dict[str, Any], eps: float, **extra: Any) -> BlockConfig:
-    """The Llama-layout block most decoder families share: pre-norm RMSNorm and a SwiGLU MLP."""
-    return BlockConfig(
-        norm="rmsnorm",
-        norm_eps=hf.get("rms_norm_eps", eps),
-        norm_placement="pre",
-        mlp="swiglu",
-        d_ff=hf["intermediate_size"],
-        **extra,
-    )
-
-
 def unsupported(model_type: str, problems: list[str]) -> None:
     """One ValueError naming every setting this loader cannot reproduce exactly."""
     if problems:
         lines = "\n  - ".join(problems)
         raise ValueError(f"{model_type} config has settings torchformer does not support:\n  - {lines}")
-
-
-def activation(hf: dict[str, Any], key: str, problems: list[str]) -> str:
-    name = hf.get(key)
-    if name not in ACTIVATIONS:
-        problems.append(f"{key}={name!r}: supported are {sorted(ACTIVATIONS)}")
-        return "gelu"
-    return ACTIVATIONS[name]
 
 
 def config_dtype(hf: dict[str, Any]) -> torch.dtype | None:
@@ -117,29 +82,3 @@ def token_ids(hf: dict[str, Any], vocab_size: int) -> dict[str, int | None]:
 def token_fields(cfg: ModelConfig, names: tuple[str, ...] = TOKEN_FIELDS[:3]) -> dict[str, int]:
     """The ids that are set; unset ones are left out so transformers keeps its defaults."""
     return {name: getattr(cfg, name) for name in names if getattr(cfg, name) is not None}
-
-
-def decoder_sizes(cfg: ModelConfig) -> dict[str, Any]:
-    """The shape keys of a Llama-layout config.json (Llama, Qwen3, SmolLM3, OLMo 2, Gemma)."""
-    return {
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.attention.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
-        "rms_norm_eps": cfg.block.norm_eps,
-        "attention_dropout": cfg.attention.dropout,
-    }
-
-
-def common_out(cfg: ModelConfig, dtype: str, model_type: str, architecture: str) -> dict[str, Any]:
-    """The keys every exported config.json carries."""
-    return {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "dtype": dtype,
-        "vocab_size": cfg.vocab_size,
-        "tie_word_embeddings": cfg.tie_embeddings,
-        **token_fields(cfg),
-    }
