@@ -111,6 +111,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="prefill every prompt whole (default: a request reuses the longest prompt prefix a free row holds)",
     )
+    p.add_argument(
+        "--tool-call-format",
+        choices=["hermes", "llama3", "mistral"],
+        default=None,
+        help="how the model writes tool calls: hermes (<tool_call>, Qwen2.5/3), llama3 (JSON, Llama 3.1/3.2), "
+        "mistral ([TOOL_CALLS]). Default: found from the chat template's text (hermes when it says nothing)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -237,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         body_timeout=args.body_timeout,
         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
         allowed_origins=names(args.allowed_origins or ""),
+        tool_call_format=args.tool_call_format,
     )
     engine.start()  # loads the model in its thread; /health answers 503 until it is ready
     try:

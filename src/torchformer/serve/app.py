@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -32,6 +33,8 @@ from .engine import Engine
 from .jobs import Delta, Done, Failed, Prompt
 from .protocol import APIError, chat_request, completion_request
 from .responses import ChatShape, Choice, CompletionShape, usage
+from .tool_formats import FORMATS, detect
+from .tools import tool_request
 
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
@@ -94,6 +97,7 @@ class Server:
         self.api_key, self.max_body_bytes, self.body_timeout = api_key, max_body_bytes, body_timeout
         self.started = int(time.time())
         self.mailbox: Mailbox | None = None  # made on the first request, on the server's event loop
+        self.tool_format: str | None = None  # tool-call syntax (tool_formats.py); None: the template's
         self.closing = asyncio.Event()
 
     def close(self, grace: float) -> None:
@@ -124,7 +128,9 @@ class Server:
         return await self.respond(request, ids, params, shape, echo)
 
     async def chat_completions(self, request: Request):
-        messages, params = chat_request(await self.body(request), self.model_name)
+        body = await self.body(request)
+        messages, params = chat_request(body, self.model_name)
+        tools = tool_request(body)
         self.require_ready()
         if self.chat is None or self.engine.texts.tokenizer is None:
             raise APIError(
@@ -134,8 +140,14 @@ class Server:
                 param="messages",
                 code="no_chat_template",
             )
-        ids = self.engine.texts.encode(self.chat.render(messages), param="messages")
-        shape = ChatShape(self.model_name, ids, params.return_token_ids, self.token_text)
+        fmt = None
+        if tools is not None:  # the family's call syntax: --tool-call-format, else the template's
+            fmt = self.tool_format or detect(self.chat.source)
+            if (grammar := tools.grammar(fmt)) is not None:  # required / named: the call is constrained
+                params = dataclasses.replace(params, response_format=grammar)
+        text = self.chat.render(messages, None if tools is None else tools.listed)
+        ids = self.engine.texts.encode(text, param="messages")
+        shape = ChatShape(self.model_name, ids, params.return_token_ids, self.token_text, tool_format=fmt)
         return await self.respond(request, ids, params, shape)
 
     async def embeddings(self, request: Request):
@@ -208,7 +220,7 @@ class Server:
                 return
             i, logprobs = event.index, formats[event.index]
             if isinstance(event, Prompt | Delta):
-                text = echo if isinstance(event, Prompt) else event.text
+                text = echo if isinstance(event, Prompt) else shape.streamed(i, event.text)
                 part = None if logprobs is None else logprobs.add(event.logprobs)
                 ids = event.token_ids if isinstance(event, Delta) else None
                 if text or part is not None or (params.return_token_ids and ids):
@@ -216,7 +228,8 @@ class Server:
             elif isinstance(event, Done):
                 done, completion_tokens = done + 1, completion_tokens + event.completion_tokens
                 cached = event.cached_tokens
-                yield sse(shape.chunk(i, "", None, event.finish_reason, params.include_usage))
+                for body in shape.closing(i, event.finish_reason, params.include_usage):
+                    yield sse(body)
         if params.include_usage:
             yield sse(shape.usage_chunk(usage(len(shape.prompt_ids), completion_tokens, cached)))
         yield sse("[DONE]")
@@ -265,14 +278,20 @@ def create_app(
     body_timeout: float = BODY_TIMEOUT,
     allowed_hosts: Sequence[str] | None = None,
     allowed_origins: Sequence[str] = (),
+    tool_call_format: str | None = None,
 ) -> Guard:
     """The ASGI app. allowed_hosts: None = loopback Host names only, ["*"] = any (boundary.Guard);
-    allowed_origins: web origins that may call it. ``app.server.close(grace)`` starts a shutdown."""
+    allowed_origins: web origins that may call it; tool_call_format: how the model writes tool
+    calls (tool_formats.FORMATS; None: found from the chat template). ``app.server.close(grace)``
+    starts a shutdown."""
     if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
         raise ValueError(f"max_body_bytes={max_body_bytes!r}: must be an integer >= 1")
     if not body_timeout > 0:
         raise ValueError(f"body_timeout={body_timeout!r}: must be > 0 seconds")
+    if tool_call_format is not None and tool_call_format not in FORMATS:
+        raise ValueError(f"tool_call_format={tool_call_format!r}: must be one of {sorted(FORMATS)} or None")
     s = Server(engine, model_name, chat, api_key, max_body_bytes, body_timeout)
+    s.tool_format = tool_call_format
     routes = [
         s.route("/v1/completions", s.completions, "POST"),
         s.route("/v1/chat/completions", s.chat_completions, "POST"),

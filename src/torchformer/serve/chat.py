@@ -30,14 +30,21 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         self.template = env.from_string(source)
+        self.source = source  # its text tells the model family's tool-call format (tool_formats.detect)
         self.bos_token, self.eos_token = bos_token, eos_token
 
-    def render(self, messages: list[dict]) -> str:
+    def render(self, messages: list[dict], tools: list | None = None) -> str:
+        """``tools``: the request's tools as OpenAI lists them ({"type": "function", "function":
+        ...}), the ``tools`` variable of transformers' templates (None: no tools)."""
         from jinja2.exceptions import TemplateError
 
         try:
             return self.template.render(
-                messages=messages, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=True,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
             )
         except TemplateError as err:
             raise APIError(400, f"the model's chat template refused these messages: {err}", param="messages") from err

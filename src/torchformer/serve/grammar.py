@@ -46,8 +46,8 @@ NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for json_schema.name
 
 
 class ResponseFormat(NamedTuple):
-    kind: str  # "json_object" | "json_schema"
-    schema: str | None  # the JSON schema as compact JSON text (hashable: Params is frozen)
+    kind: str  # "json_object" | "json_schema" | "structural_tag" (a required tool call: tools.py)
+    schema: str | None  # the JSON schema (or structural tag) as compact JSON text (hashable: Params is frozen)
 
 
 def response_format(value) -> ResponseFormat | None:
@@ -131,13 +131,20 @@ class Grammars:
         # any_whitespace=False: separators are ", " and ": " only, so a model cannot pad forever.
         # json_object: any object, strict_mode off (any keys); a schema: no keys it does not name.
         schema, strict = ('{"type":"object"}', False) if fmt.kind == "json_object" else (fmt.schema, True)
+        tag = fmt.kind == "structural_tag"  # tool calls: the call syntax around each function's schema
         try:
-            grammar = self.xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict)
+            if tag:
+                grammar = self.xgr.Grammar.from_structural_tag(fmt.schema)
+            else:
+                grammar = self.xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=strict)
             compiled = self.compiler.compile_grammar(str(grammar).replace(*CHARACTERS))
         except (RuntimeError, ValueError, TypeError) as err:
-            raise bad("response_format.json_schema.schema", f"cannot be compiled: {compile_error(err)}") from None
+            param = "tools" if tag else "response_format.json_schema.schema"
+            raise bad(param, f"cannot be compiled: {compile_error(err)}") from None
         if Constraint(self, compiled).ended:  # e.g. a character-level vocabulary without '{'
-            raise bad("response_format", "this model's vocabulary cannot write any text of this format")
+            raise bad(
+                "tools" if tag else "response_format", "this model's vocabulary cannot write any text of this format"
+            )
         return compiled
 
     def constraint(self, compiled) -> Constraint:

@@ -4,7 +4,8 @@ Every field of a request is either understood, accepted because it changes nothi
 (``user``), or refused with a 400 naming it: a server that silently ignores ``n=3`` or
 ``logprobs=5`` returns something the caller did not ask for. Extensions beyond the OpenAI API
 (``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``) are the same ones vLLM takes;
-``response_format`` is checked in grammar.py (completions take it too, as vLLM's do).
+``response_format`` is checked in grammar.py (completions take it too, as vLLM's do), ``tools``,
+``tool_choice``, ``parallel_tool_calls`` and the messages' tool fields in tools.py (chat only).
 ``n``, ``logprobs`` / ``top_logprobs`` and ``echo`` are checked in ``choices`` (the 400 names the
 field, its value and what is allowed); ``n`` beyond the engine's rows is the engine's 400.
 """
@@ -77,7 +78,14 @@ NEUTRAL = {
 SAMPLING = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop"}
 COMMON = {"model", "stream", "stream_options", "return_token_ids", "n", "logprobs", "response_format"} | SAMPLING
 COMPLETION_FIELDS = COMMON | {"prompt", "echo"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+CHAT_FIELDS = COMMON | {
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 
 
 def check_text(body) -> None:
@@ -261,15 +269,27 @@ def chat_request(body, served: str) -> tuple[list[dict], Params]:
     return messages(body.get("messages")), params(body, key, None)
 
 
+MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
+
+
 def messages(value) -> list[dict]:
-    """Messages as the template sees them: role and text content (text parts are joined)."""
+    """Messages as the template sees them: role and text content (text parts are joined), and
+    the tool fields (tools.py: an assistant's tool_calls, a tool message's tool_call_id)."""
+    from .tools import message_tools  # tools.py builds on this module's errors
+
     if not isinstance(value, list) or not value:
         raise bad("messages", "must be a non-empty list of {role, content} objects")
     out = []
     for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or set(m) - {"role", "content", "name"}:
-            raise bad(f"messages[{i}]", f"{m!r} must be an object with role, content (and optionally name)")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or set(m) - MESSAGE_KEYS:
+            raise bad(
+                f"messages[{i}]",
+                f"{m!r} must be an object with role, content (and optionally name, tool_calls, tool_call_id)",
+            )
+        m = message_tools(i, m)
         content = m.get("content")
+        if content is None and m.get("tool_calls"):  # an assistant's calls need no text
+            content = ""
         if isinstance(content, list):
             if not all(
                 isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content

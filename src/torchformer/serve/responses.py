@@ -10,6 +10,7 @@ import uuid
 
 from .jobs import Delta, Done, Prompt
 from .logprob_shapes import ChatLogprobs, CompletionLogprobs, TokenText
+from .tool_formats import CallStream, call_id, parse
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -95,6 +96,14 @@ class CompletionShape:
     def first(self, index: int, include_usage: bool) -> dict | None:
         return None  # completions have no opening chunk
 
+    def streamed(self, index: int, text: str) -> str:
+        """The part of a choice's new text to send now (all of it: chat with tools holds some)."""
+        return text
+
+    def closing(self, index: int, finish_reason: str, include_usage: bool) -> list[dict]:
+        """The chunks that end a choice's stream."""
+        return [self.chunk(index, "", None, finish_reason, include_usage)]
+
     def usage_chunk(self, use: dict) -> dict:
         return {**self.head(self.chunk_object), "choices": [], "usage": use}
 
@@ -105,10 +114,49 @@ class ChatShape(CompletionShape):
     object, chunk_object, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
     logprobs_class = ChatLogprobs
 
+    def __init__(self, *args, tool_format: str | None = None, **kwargs) -> None:
+        """``tool_format``: the request has tools, written by the model in this format
+        (tool_formats.py): answers are parsed into ``tool_calls``."""
+        super().__init__(*args, **kwargs)
+        self.tool_format, self.streams = tool_format, {}
+
     def choice(self, index: int, text: str, finish_reason: str | None, token_ids, logprobs: dict | None) -> dict:
         message = {"role": "assistant", "content": text, "refusal": None}
+        content, calls = parse(text, self.tool_format) if self.tool_format else (text, [])
+        if calls:
+            message.update(content=content or None, tool_calls=[c.openai(call_id()) for c in calls])
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         out = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.with_ids(out, token_ids)
+
+    def streamed(self, index: int, text: str) -> str:
+        if self.tool_format is None:
+            return text
+        return self.streams.setdefault(index, CallStream(self.tool_format)).feed(text)
+
+    def closing(self, index: int, finish_reason: str, include_usage: bool) -> list[dict]:
+        """The held text as content or as calls (each: its id and name, then its arguments, the
+        pieces the openai client joins), then the finish_reason."""
+        stream, out = self.streams.get(index), []
+        content, calls = stream.end() if stream is not None else ("", [])
+        if content:
+            out.append(self.chunk(index, content, None, None, include_usage))
+        for k, call in enumerate(calls):
+            head = {"index": k, "id": call_id(), "type": "function", "function": {"name": call.name, "arguments": ""}}
+            out.append(self.delta(index, {"tool_calls": [head]}, include_usage))
+            tail = {"index": k, "function": {"arguments": call.arguments}}
+            out.append(self.delta(index, {"tool_calls": [tail]}, include_usage))
+        reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+        return [*out, self.chunk(index, "", None, reason, include_usage)]
+
+    def delta(self, index: int, delta: dict, include_usage: bool) -> dict:
+        body = {
+            **self.head(self.chunk_object),
+            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
+        }
+        if include_usage:
+            body["usage"] = None
+        return body
 
     def chunk(self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None) -> dict:
         delta = {"content": text} if text or finish_reason is None else {}
