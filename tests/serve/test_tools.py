@@ -229,6 +229,15 @@ def test_the_template_renders_tools_calls_and_tool_results():
     assert "<tools>" not in ChatTemplate(QWEN_STYLE).render(turns[:1], None)
 
 
+def test_a_folders_tool_use_template_renders_requests_with_tools(tmp_path):
+    from torchformer.serve.chat import load_chat_template
+
+    named = [{"name": "default", "template": "D{{ tools }}"}, {"name": "tool_use", "template": "T{{ tools | length }}"}]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": named}))
+    chat = load_chat_template(tmp_path)
+    assert chat.render(USER, TOOLS) == "T4" and chat.render(USER, None) == "DNone"
+
+
 # --- end to end ---------------------------------------------------------------------------------
 def test_required_and_named_calls_validate_and_free_answers_hold_none(served):
     """Under required / named, every answer is calls whose arguments validate; the same prompts

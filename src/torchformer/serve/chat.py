@@ -32,12 +32,15 @@ class ChatTemplate:
         self.template = env.from_string(source)
         self.source = source  # its text tells the model family's tool-call format (tool_formats.detect)
         self.bos_token, self.eos_token = bos_token, eos_token
+        self.tool_use: ChatTemplate | None = None  # a folder's "tool_use" template, for requests with tools
 
     def render(self, messages: list[dict], tools: list | None = None) -> str:
         """``tools``: the request's tools as OpenAI lists them ({"type": "function", "function":
         ...}), the ``tools`` variable of transformers' templates (None: no tools)."""
         from jinja2.exceptions import TemplateError
 
+        if tools and self.tool_use is not None:  # as transformers picks a named template
+            return self.tool_use.render(messages, tools)
         try:
             return self.template.render(
                 messages=messages,
@@ -64,7 +67,7 @@ def load_chat_template(folder: str | Path | None) -> ChatTemplate | None:
     folder = Path(folder)
     config_file = folder / CONFIG_FILE
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    source = config.get("chat_template")
+    source, named = config.get("chat_template"), {}
     if isinstance(source, list):  # [{"name": ..., "template": ...}, ...]
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
@@ -72,4 +75,8 @@ def load_chat_template(folder: str | Path | None) -> ChatTemplate | None:
         source = (folder / TEMPLATE_FILE).read_text()
     if not isinstance(source, str) or not source:
         return None
-    return ChatTemplate(source, token_text(config.get("bos_token")), token_text(config.get("eos_token")))
+    specials = token_text(config.get("bos_token")), token_text(config.get("eos_token"))
+    chat = ChatTemplate(source, *specials)
+    if isinstance(named.get("tool_use"), str) and named["tool_use"]:
+        chat.tool_use = ChatTemplate(named["tool_use"], *specials)
+    return chat
