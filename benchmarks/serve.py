@@ -13,12 +13,20 @@ and >= 2x `transformers serve` output tokens/s at concurrency 8.
 
     python -m benchmarks.serve                       # full run; rewrites its RESULTS.md section
     python -m benchmarks.serve --requests 8 --max-tokens 16 --no-write   # smoke
+
+``--features`` (issue 27) measures torchformer serve alone, on its own RESULTS.md section: chat
+under a JSON schema (``response_format``) and with ``logprobs`` (top 5) against plain chat at
+concurrency 1 and --slots (targets: >= 0.9x and >= 0.95x the plain output tokens/s), and prefix
+caching: --slots multi-turn conversations at once sharing a 1000-token system prompt, TTFT p50
+with the default server against one run with --no-prefix-cache (target >= 3x lower; the greedy
+answers must be the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -129,29 +137,36 @@ class Server:
             self.proc.wait(timeout=10)
 
 
-async def one(client, model: str, prompt: str, max_tokens: int) -> dict:
+async def one(client, model: str, prompt: str, max_tokens: int, messages=None, **extra) -> dict:
+    """One streamed greedy chat request (``messages``, else one user turn of ``prompt``);
+    ``extra``: more fields of the request (response_format, logprobs, ...)."""
     t0 = time.perf_counter()
-    times, usage = [], None
+    times, usage, text = [], None, []
     stream = await client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": prompt}],
+        messages=messages or [{"role": "user", "content": prompt}],
         max_tokens=max_tokens,
         temperature=0,
         stream=True,
         stream_options={"include_usage": True},
+        **extra,
     )
     async for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             times.append(time.perf_counter())
+            text.append(chunk.choices[0].delta.content)
         if getattr(chunk, "usage", None) is not None:
             usage = chunk.usage
     end = time.perf_counter()
     tokens = usage.completion_tokens if usage is not None else len(times)
+    details = getattr(usage, "prompt_tokens_details", None)
     return {
         "ttft": times[0] - t0 if times else end - t0,
         "itl": list(np.diff(times)),
         "e2e": end - t0,
         "tokens": tokens,
+        "text": "".join(text),
+        "cached": getattr(details, "cached_tokens", 0) or 0,
     }
 
 
@@ -248,6 +263,167 @@ def start_servers(folder: Path, args, env) -> tuple[dict, str]:
     return servers, ""
 
 
+# A schema a random model cannot finish within --max-tokens (64 strings at least): every
+# constrained request writes exactly max_tokens tokens, as the plain ones do (EOS removed). Its
+# strings are unbounded, as OpenAI's strict schemas are (no maxLength): xgrammar 0.2.8 fills the
+# mask of a maxLength-bounded string in ~0.6 ms a token at this vocabulary, ~10x an unbounded one.
+LONG_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["note", "todo"]},
+        "notes": {"type": "array", "items": {"type": "string"}, "minItems": 64},
+    },
+    "required": ["kind", "notes"],
+}
+FEATURES = {
+    "plain chat": {},
+    "json_schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "notes", "schema": LONG_SCHEMA}}
+    },
+    "logprobs (top 5)": {"logprobs": True, "top_logprobs": 5},
+}
+TARGETS = {"json_schema": 0.9, "logprobs (top 5)": 0.95}
+
+
+def system_prompt(folder: Path, n_tokens: int = 1000) -> str:
+    """``n_tokens`` tokens of standard-library text, as the folder's tokenizer reads them."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return tok.decode(tok.encode(corpus()[0][:40000]).ids[:n_tokens])
+
+
+async def conversation(client, system: str, users: list[str], max_tokens: int, index: int) -> dict:
+    """One multi-turn chat: each turn resends the whole conversation so far, its answers included."""
+    messages, turns = [{"role": "system", "content": system}], []
+    for user in users:
+        messages.append({"role": "user", "content": user})
+        turn = await one(client, NAME, "", max_tokens, messages=list(messages))
+        messages.append({"role": "assistant", "content": turn["text"]})
+        turns.append(turn)
+    return {"index": index, "turns": turns}
+
+
+def chat_feature(client, i: int, prompts, max_tokens: int, extra: dict):
+    return one(client, NAME, prompts[i % len(prompts)], max_tokens, **extra)
+
+
+def feature_rows(url: str, prompts, args) -> dict:
+    """{(feature, concurrency): summary}, interleaved rounds, each cell its best (as ``measure``)."""
+    best: dict = {}
+    for extra in FEATURES.values():  # warm-up: first-call costs (the grammar engine's tokenizer info, the schema)
+        asyncio.run(fire(url, 2, 4, functools.partial(chat_feature, prompts=prompts, max_tokens=8, extra=extra)))
+    for _ in range(args.rounds):
+        for c in sorted({1, args.slots}):
+            for name, extra in FEATURES.items():
+                n = max(args.requests, 2 * c)
+                ask = functools.partial(chat_feature, prompts=prompts, max_tokens=args.max_tokens, extra=extra)
+                run = summary(asyncio.run(fire(url, c, n, ask)))
+                print(f"{name} concurrency {c}: {run['tok/s']:.1f} tok/s, {run['failures']} failures", flush=True)
+                old = best.get((name, c))
+                best[name, c] = (
+                    run
+                    if old is None or run["tok/s"] > old["tok/s"]
+                    else {**old, "failures": old["failures"] + run["failures"]}
+                )
+    return best
+
+
+def prefix_run(url: str, system: str, prompts, args) -> dict:
+    """--slots conversations of 3 turns at once over the shared system prompt."""
+
+    def talk(client, i):
+        return conversation(client, system, prompts[3 * i : 3 * i + 3], args.max_tokens, i)
+
+    run = asyncio.run(fire(url, args.slots, args.slots, talk))
+    turns = [t for r in run["results"] for t in r["turns"]]
+    ttft = [1000 * t["ttft"] for t in turns]
+    return {
+        "ttft": tuple(float(np.percentile(ttft, q)) for q in (50, 90, 99)) if ttft else (float("nan"),) * 3,
+        "requests": len(turns),
+        "cached": sum(t["cached"] for t in turns),
+        "failures": len(run["failures"]),
+        "answers": {r["index"]: [t["text"] for t in r["turns"]] for r in run["results"]},
+    }
+
+
+def features(args, env, argv) -> int:
+    """torchformer serve alone: the feature rows and the prefix-caching run (module docstring)."""
+    load_before = os.getloadavg()[0]
+    bin_dir = Path(sys.executable).parent
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / NAME
+        prompts = make_folder(folder, 2048)
+        system = system_prompt(folder)
+        servers = {}
+        try:
+            for name, flags in (("default", []), ("--no-prefix-cache", ["--no-prefix-cache"])):
+                port = free_port()
+                command = [str(bin_dir / "torchformer"), "serve", str(folder), "--port", str(port)]
+                command += ["--slots", str(args.slots), "--log-level", "warning", *flags]
+                servers[name] = Server(command, port, env)
+                servers[name].wait_ready("/health", args.start_timeout)
+            rows = feature_rows(servers["default"].url, prompts, args)
+            for server in servers.values():  # warm-up: a server that has seen the system prompt before
+                asyncio.run(fire(server.url, 1, 1, lambda c, i: conversation(c, system, prompts[-1:], 4, i)))
+            cached = {name: prefix_run(server.url, system, prompts, args) for name, server in servers.items()}
+        finally:
+            for server in servers.values():
+                server.stop()
+    text = feature_table(rows, cached, args.slots)
+    print(text)
+    if not args.no_write:
+        title = "Serving the OpenAI API's extras: structured outputs, logprobs, prefix caching"
+        what = f"--slots {args.slots}, streamed greedy chat, a shared and busy machine"
+        record("serve-api", title, argv, args, load_before, what, text)
+    return 0
+
+
+def record(key: str, title: str, argv, args, load_before: float, what: str, text: str) -> None:
+    """``text`` as RESULTS.md's ``key`` section, with the command and the setting it ran in."""
+    command = "python -m benchmarks.serve" + (" " + " ".join(argv) if argv else "")
+    setting = (
+        f"HF Llama folder {SHAPE['n_layers']}L d{SHAPE['d_model']} V{SHAPE['vocab']} fp32, {what}, "
+        f"{args.threads} torch thread(s) per server, {args.max_tokens} new tokens, best of {args.rounds} "
+        f"interleaved rounds; 1-min load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, "
+        f"on {os.cpu_count()} CPUs"
+    )
+    write_section(key, title, command, setting, text)
+
+
+def feature_table(rows: dict, cached: dict, slots: int) -> str:
+    fmt = lambda t: "/".join(f"{x:.0f}" for x in t)  # noqa: E731
+    lines = [
+        "| request | concurrency | out tok/s | / plain chat | target | TTFT p50/p90/p99 ms | failures |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted({1, slots}):
+        plain = rows["plain chat", c]["tok/s"]
+        for name in FEATURES:
+            r = rows[name, c]
+            target = f">= {TARGETS[name]}x" if name in TARGETS else ""
+            ratio = f"{r['tok/s'] / plain:.2f}x"
+            lines.append(
+                f"| {name} | {c} | {r['tok/s']:.1f} | {ratio} | {target} | {fmt(r['ttft'])} | {r['failures']} |"
+            )
+    lines += [
+        "",
+        "| prefix caching | conversations at once | requests | TTFT p50/p90/p99 ms | cached prompt tokens | failures |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in cached.items():
+        lines.append(f"| {name} | {slots} | {r['requests']} | {fmt(r['ttft'])} | {r['cached']} | {r['failures']} |")
+    off, on = cached["--no-prefix-cache"], cached["default"]
+    same = off["answers"] == on["answers"] and len(on["answers"]) == slots
+    notes = [
+        f"prefix caching: TTFT p50 {off['ttft'][0] / on['ttft'][0]:.1f}x lower than with --no-prefix-cache "
+        f"(target >= 3x); the same greedy answers: {'yes' if same else 'NO'}",
+        "json_schema: a schema of at least 64 strings, so a constrained answer is as long as a plain one "
+        "(--max-tokens); the grammar's mask is computed and applied on the engine thread for each token",
+    ]
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slots", type=int, default=8)
@@ -259,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-hf", action="store_true", help="skip transformers serve")
     p.add_argument("--no-compiled", dest="compiled", action="store_false", help="skip torchformer serve --compile")
     p.add_argument("--no-write", action="store_true", help="print only; do not rewrite RESULTS.md")
+    p.add_argument("--features", action="store_true", help="structured outputs, logprobs, prefix caching (issue 27)")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     levels = sorted({1, args.slots, 2 * args.slots})
     env = {
@@ -268,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
     }
+    if args.features:
+        return features(args, env, argv)
     load_before = os.getloadavg()[0]  # other processes' load: the numbers are only as quiet as the machine
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / NAME
@@ -281,14 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, levels, args.slots, note)
     print(text)
     if not args.no_write:
-        command = "python -m benchmarks.serve" + (" " + " ".join(argv) if argv else "")
-        setting = (
-            f"HF Llama folder {SHAPE['n_layers']}L d{SHAPE['d_model']} V{SHAPE['vocab']} fp32, "
-            f"{args.threads} torch thread(s) per server, {args.max_tokens} new tokens, streamed chat, "
-            f"best of {args.rounds} interleaved rounds; 1-min load average {load_before:.1f} before, "
-            f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs"
-        )
-        write_section("serve", "Serving: torchformer serve vs transformers serve", command, setting, text)
+        title = "Serving: torchformer serve vs transformers serve"
+        record("serve", title, argv, args, load_before, "streamed chat", text)
     return 0
 
 
