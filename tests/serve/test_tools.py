@@ -260,7 +260,6 @@ def test_required_and_named_calls_validate_and_free_answers_hold_none(served):
         assert len(calls) == 1
         if choice != "required":
             assert calls[0].function.name == choice["function"]["name"]
-    assert {a.choices[0].message.tool_calls[0].function.name for a in forced[:10]} != {"get_weather"}
     for answer in free:
         assert answer.choices[0].message.tool_calls is None and answer.choices[0].finish_reason != "tool_calls"
         assert not parse(answer.choices[0].message.content, "hermes")[1]
