@@ -170,7 +170,8 @@ def test_llama3_parses_json_calls_with_or_without_python_tag():
     assert parse("<|python_tag|>" + text, "llama3")[1][0].name == "add"
     both = text + '; {"name": "move", "parameters": {"to": {"x": 1, "y": 2}}}'
     assert [c.name for c in parse(both, "llama3")[1]] == ["add", "move"]
-    for broken in ['{"name": "add", "parameters": {"a": 2', "The answer is {1}", 'x {"name": "add"}', text + " and"]:
+    plain_json = ['{"name": "Bob", "age": 3}', '{"name": "add", "parameters": {"a": 2', 'x {"name": "add"}']
+    for broken in [*plain_json, "The answer is {1}", text + " and"]:
         assert parse(broken, "llama3") == (broken, [])
 
 

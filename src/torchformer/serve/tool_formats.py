@@ -85,7 +85,8 @@ def one_call(value, key: str) -> Call | None:
     an object of arguments (some models write the arguments as a JSON string of an object)."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
-    args = value.get(key, value.get("arguments", value.get("parameters", {})))
+    # The arguments' key must be there: {"name": "Bob", "age": 3} is an answer, not a call.
+    args = next((value[k] for k in (key, "arguments", "parameters") if k in value), None)
     if isinstance(args, str):
         try:
             args = json.loads(args)
