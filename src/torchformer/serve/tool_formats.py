@@ -39,22 +39,19 @@ class Syntax(NamedTuple):
 
 FORMATS = {
     "hermes": Syntax(
-        "hermes",
-        ("<tool_call>",),
-        "",
-        "",
-        '<tool_call>\n{{"name": {name}, "arguments": ',
-        "}\n</tool_call>",
-        "\n",
-        "arguments",
+        name="hermes", markers=("<tool_call>",), start="", close="",
+        open_call='<tool_call>\n{{"name": {name}, "arguments": ', close_call="}\n</tool_call>", separator="\n",
+        key="arguments",
     ),
     "llama3": Syntax(
-        "llama3", ("<|python_tag|>", "ipython"), "", "", '{{"name": {name}, "parameters": ', "}", "; ", "parameters"
+        name="llama3", markers=("<|python_tag|>", "ipython"), start="", close="",
+        open_call='{{"name": {name}, "parameters": ', close_call="}", separator="; ", key="parameters",
     ),
     "mistral": Syntax(
-        "mistral", ("[TOOL_CALLS]",), "[TOOL_CALLS][", "]", '{{"name": {name}, "arguments": ', "}", ", ", "arguments"
+        name="mistral", markers=("[TOOL_CALLS]",), start="[TOOL_CALLS][", close="]",
+        open_call='{{"name": {name}, "arguments": ', close_call="}", separator=", ", key="arguments",
     ),
-}
+}  # fmt: skip
 DEFAULT = "hermes"  # the most common family; a template with no known marker gets it
 PYTHON_TAG = "<|python_tag|>"
 
@@ -132,7 +129,7 @@ def parse_hermes(text: str) -> tuple[str, list[Call]]:
     calls = []
     for block in blocks:
         values = json_values(block.group(1), "")
-        found = None if values is None or len(values) != 1 else one_call(values[0], "arguments")
+        found = None if values is None or len(values) != 1 else one_call(values[0], FORMATS["hermes"].key)
         if found is None:
             return text, []  # a broken block: the text is the model's, unparsed
         calls.append(found)
@@ -146,7 +143,7 @@ def parse_llama3(text: str) -> tuple[str, list[Call]]:
     if not body.startswith("{"):
         return text, []
     values = json_values(body, ";")
-    calls = None if values is None else calls_of(values, "parameters")
+    calls = None if values is None else calls_of(values, FORMATS["llama3"].key)
     return ("", calls) if calls else (text, [])
 
 
@@ -159,7 +156,7 @@ def parse_mistral(text: str) -> tuple[str, list[Call]]:
     values = json_values(body, ",")
     if values is not None and len(values) == 1 and isinstance(values[0], list):
         values = values[0]
-    calls = None if values is None else calls_of(values, "arguments")
+    calls = None if values is None else calls_of(values, FORMATS["mistral"].key)
     return (head.strip(), calls) if calls else (text, [])
 
 
