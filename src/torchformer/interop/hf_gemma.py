@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .family import Field, Rule
+from .family import Family, Field, Rule
 from .hf_kinds import FULL, SLIDING, layer_types, ropes_by_type, windows_to_hf
 from .hf_rope import rope_from_hf, rope_to_hf
 from .keymap import KeyMap
@@ -106,38 +106,31 @@ GEMMA = llama_family(
     fixed={"block.norm": "rmsnorm_1p", "embed_scale": True, "embed_scale_in_dtype": True},
     only={"use_bidirectional_attention": False},  # only causal Gemma
 )
-GEMMA2_FIELDS = (
-    *GEMMA.fields[:-3],
-    Field("hidden_activation", "block.mlp", "gelu_pytorch_tanh", read=MLPS, write=HF_MLPS),
-    *GEMMA.fields[-2:],
-    Field("query_pre_attn_scalar", "attention.scale", None, read=scale, write=scalar),
-)
-GEMMA2 = dataclasses.replace(
-    GEMMA,
-    model_type="gemma2",
-    architecture="Gemma2ForCausalLM",
-    fields=(
-        *GEMMA2_FIELDS,
-        Field("attn_logit_softcapping", "attention.softcap", 50.0),
-        Field("final_logit_softcapping", "final_softcap", 30.0),
-    ),
-    rules=(rope_rule(whole=False), Rule("one window", check=one_window), layers_rule(layers(2), write_layers)),
-    fixed={**GEMMA.fixed, "block.norm_placement": "sandwich"},
-)
-GEMMA3_TEXT = dataclasses.replace(
-    GEMMA2,
-    model_type="gemma3_text",
-    architecture="Gemma3ForCausalLM",
-    fields=(
-        *GEMMA2_FIELDS,
-        Field("attn_logit_softcapping", "attention.softcap", None),
-        Field("final_logit_softcapping", "final_softcap", None),
-    ),
-    rules=(
-        Rule("a RoPE per layer type", read_type_ropes, write_type_ropes, type_ropes_check),
-        Rule("one window", check=one_window),
-        layers_rule(layers(6), write_layers),
-    ),
-    fixed={**GEMMA2.fixed, "attention.qk_norm": "head"},
+
+
+def sandwich_gemma(model_type: str, architecture: str, caps: tuple, rope: Rule, every: int, **fixed) -> Family:
+    """Gemma 2 and 3: sandwich norms, query_pre_attn_scalar, soft-caps (transformers' defaults
+    differ), sliding windows on all but every ``every``-th layer."""
+    return dataclasses.replace(
+        GEMMA,
+        model_type=model_type,
+        architecture=architecture,
+        fields=(
+            *GEMMA.fields[:-3],
+            Field("hidden_activation", "block.mlp", "gelu_pytorch_tanh", read=MLPS, write=HF_MLPS),
+            *GEMMA.fields[-2:],
+            Field("query_pre_attn_scalar", "attention.scale", None, read=scale, write=scalar),
+            Field("attn_logit_softcapping", "attention.softcap", caps[0]),
+            Field("final_logit_softcapping", "final_softcap", caps[1]),
+        ),
+        rules=(rope, Rule("one window", check=one_window), layers_rule(layers(every), write_layers)),
+        fixed={**GEMMA.fixed, "block.norm_placement": "sandwich", **fixed},
+    )
+
+
+GEMMA2 = sandwich_gemma("gemma2", "Gemma2ForCausalLM", (50.0, 30.0), rope_rule(whole=False), 2)
+TYPE_ROPES = Rule("a RoPE per layer type", read_type_ropes, write_type_ropes, type_ropes_check)
+GEMMA3_TEXT = sandwich_gemma(
+    "gemma3_text", "Gemma3ForCausalLM", (None, None), TYPE_ROPES, 6, **{"attention.qk_norm": "head"}
 )
 FAMILIES = (GEMMA, GEMMA2, GEMMA3_TEXT)
