@@ -37,6 +37,7 @@ from . import (
     hf_llama,
     hf_mixtral,
     hf_neox,
+    hf_phi,
     hf_phi3,
     hf_qwen3,
     hf_qwen3_moe,
@@ -51,7 +52,7 @@ from .reader import SafetensorsFolder
 # Experts first; the Llama-layout families with an axis Llama lacks (QK-norm, NoPE, Gemma's
 # norms) before Llama, which reproduces every config Phi-3 and SmolLM3 do without their rules.
 ORDER = (hf_mixtral, hf_qwen3_moe, hf_deepseek, hf_qwen3, hf_gemma, hf_llama, hf_gpt2, hf_bert, hf_bart, hf_neox,
-         hf_phi3, hf_t5, hf_roberta, hf_distilbert)  # fmt: skip
+         hf_phi, hf_phi3, hf_t5, hf_roberta, hf_distilbert)  # fmt: skip
 FAMILIES: dict[str, Family] = {f.model_type: f for module in ORDER for f in module.FAMILIES}
 PAIRINGS = ("half", "interleaved")
 logger = logging.getLogger(__name__)
