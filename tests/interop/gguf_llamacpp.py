@@ -102,7 +102,11 @@ FAMILIES["gemma3"] = ("Gemma3TextConfig", dict(vocab_size=448, head_dim=64, num_
                                                query_pre_attn_scalar=64, rope_parameters=GEMMA3_ROPE))  # fmt: skip
 # GPT-NeoX: no GQA; the converter reads the 4.x name rotary_pct, which transformers 5 no longer
 # saves: config.json gets it added.
-FAMILIES["gptneox"] = ("GPTNeoXConfig", dict(num_key_value_heads=4))
+# These two are initialised wider (0.02 gives a greedy continuation of 3 and 11 distinct tokens: the
+# token-to-next-token map of a near-identity stack); NeoX's head is then scaled down (HEAD_SCALE)
+# to keep its logits near 2, which keeps the argmax and the tolerances' scale.
+FAMILIES["gptneox"] = ("GPTNeoXConfig", dict(num_key_value_heads=4, initializer_range=0.3))
+HEAD_SCALE = {"gptneox": 0.1}
 CONFIG_JSON = {"gptneox": {"rotary_pct": 0.25}}
 # The converter reads hparams through transformers' AutoConfig.to_dict(), which drops names
 # transformers 5 renamed: this one also takes config.json's keys the dict lacks.
@@ -111,7 +115,7 @@ CONVERT_RAW_KEYS = CONVERT.replace(
     "from conversion import base\nimport json\nhp = base.ModelBase.load_hparams\n"
     "base.ModelBase.load_hparams = staticmethod(lambda d, m: {**json.load(open(d / 'config.json')), **hp(d, m)})\n",
 )
-FAMILIES["olmo2"] = ("Olmo2Config", dict(tie_word_embeddings=False))
+FAMILIES["olmo2"] = ("Olmo2Config", dict(tie_word_embeddings=False, initializer_range=0.05))
 # llama.cpp converts Gemma's tokenizer.model only
 SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
 
@@ -148,6 +152,7 @@ def hf_folder(family: str) -> Path:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
+        model.get_output_embeddings().weight.mul_(HEAD_SCALE.get(family, 1.0))
     folder = ROOT / family / "hf"
     model.save_pretrained(folder)
     if family in CONFIG_JSON:
