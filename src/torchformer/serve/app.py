@@ -98,6 +98,7 @@ class Server:
         self.started = int(time.time())
         self.mailbox: Mailbox | None = None  # made on the first request, on the server's event loop
         self.tool_format: str | None = None  # tool-call syntax (tool_formats.py); None: the template's
+        self.token_texts: dict[int, str] = {}  # token_text's, at most one a vocabulary entry
         self.closing = asyncio.Event()
 
     def close(self, grace: float) -> None:
@@ -158,7 +159,11 @@ class Server:
         return JSONResponse(embedding_response(vectors, fmt, self.model_name, sum(map(len, rows))))
 
     def token_text(self, token: int) -> str:
-        return self.engine.texts.decode([token])
+        """One id's text, for logprobs (each token and its alternatives: k + 1 a token), decoded
+        once per id: the server's event loop shares the GIL with the engine thread."""
+        if (text := self.token_texts.get(token)) is None:
+            text = self.token_texts[token] = self.engine.texts.decode([token])
+        return text
 
     def require_ready(self, task: str = "generate") -> None:
         """A 503 until the engine runs; a 400 for a route its model does not serve."""
