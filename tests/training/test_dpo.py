@@ -14,7 +14,6 @@ import time
 import pytest
 import torch
 
-import torchformer as tfm
 from torchformer import lora
 from torchformer.training import recipe as recipes
 from torchformer.training.batches import IGNORE, n_targets
@@ -23,6 +22,8 @@ from torchformer.training.preference import DPO, Preference, sequence_logps
 from torchformer.training.preference_data import PreferenceBatches, prepare
 from torchformer.training.recipe_files import apply_overrides, read_file
 from torchformer.training.train import accumulate, train
+
+from .test_instruct import _model
 
 CPU = Runtime(rank=0, world=1, device=torch.device("cpu"))
 SMALL = ["model.d_model=32", "model.n_layers=1", "model.attention.n_heads=2", "model.block.d_ff=64",
@@ -37,14 +38,6 @@ def _recipe(tmp_path, *extra, name="run", init=None):
     if init is not None:
         raw["model"] = {"init": str(init)}
     return recipes.from_dict(raw)
-
-
-def _model(vocab):
-    torch.manual_seed(0)
-    cfg = tfm.presets.get("shakespeare-char")
-    return tfm.build_model(
-        cfg.replace(vocab_size=vocab, d_model=32, n_layers=1, attention=cfg.attention.__class__(n_heads=2))
-    )
 
 
 def test_sequence_logps_equal_each_sequence_alone(tmp_path):

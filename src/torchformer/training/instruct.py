@@ -40,17 +40,26 @@ class InstructData:
     val: list[Example]
 
 
-def read_examples(path: Path) -> list[dict]:
+def read_examples(path: Path, checked=None, what: str = "examples") -> list[dict]:
+    """The JSONL lines of ``path``, each through ``checked(obj, path, line number)`` (default:
+    conversations or prompt/completion pairs; preference_data.py passes its own)."""
     out = []
     for n, line in _lines(path):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
-        out.append(_checked(obj, path, n))
+        out.append((checked or _checked)(obj, path, n))
     if len(out) < 2:
-        raise ValueError(f"data.source={str(path)!r} holds {len(out)} examples: need at least 2 (train and validation)")
+        raise ValueError(f"data.source={str(path)!r} holds {len(out)} {what}: need at least 2 (train and validation)")
     return out
+
+
+def held_out(n: int) -> list[bool]:
+    """Which of n examples are validation: every 10th, or the last one when there are fewer than 10."""
+    if n >= VAL_EVERY:
+        return [i % VAL_EVERY == VAL_OFFSET for i in range(n)]
+    return [i == n - 1 for i in range(n)]
 
 
 def _checked(obj, path: Path, n: int) -> dict:
@@ -145,8 +154,7 @@ def prepare(recipe, tokenizer_json: str | None) -> InstructData:
         tok = build_tokenizer(recipe.data.tokenizer, text, vocab_size=recipe.data.bpe_vocab_size)
     eos = tok.eos_id
     encoded = [encode(e, template, tok, eos) for e in examples]
-    held = [i % VAL_EVERY == VAL_OFFSET for i in range(len(encoded))] if len(encoded) >= VAL_EVERY else None
-    held = held or [i == len(encoded) - 1 for i in range(len(encoded))]
+    held = held_out(len(encoded))
     return InstructData(tok, [e for e, h in zip(encoded, held) if not h], [e for e, h in zip(encoded, held) if h])
 
 

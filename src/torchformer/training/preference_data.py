@@ -17,7 +17,6 @@ them), so any split of the rows into micro-batches or ranks keeps each pair whol
 
 from __future__ import annotations
 
-import json
 import random
 import warnings
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ import numpy as np
 import torch
 
 from .batches import IGNORE, Batch, generator
-from .corpus import VAL_EVERY, VAL_OFFSET
-from .data import _check_path, _lines
-from .instruct import _render, load_template
+from .data import _check_path
+from .instruct import _render, held_out, load_template, read_examples
 from .tokenizers import TextTokenizer, build_tokenizer, pretrained_tokenizer
 
 Pair = tuple[np.ndarray, np.ndarray, np.ndarray]  # (prompt ids, chosen answer ids, rejected answer ids)
@@ -82,19 +80,6 @@ def checked(obj, path: Path, n: int) -> dict:
     return {"messages": _messages(prompt, path, n, field), "chosen": chosen, "rejected": rejected}
 
 
-def read_pairs(path: Path) -> list[dict]:
-    out = []
-    for n, line in _lines(path):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{n}: not valid JSON ({err.msg})") from None
-        out.append(checked(obj, path, n))
-    if len(out) < 2:
-        raise ValueError(f"data.source={str(path)!r} holds {len(out)} preference pairs: need 2 (train, validation)")
-    return out
-
-
 def texts(example: dict, template) -> tuple[str, str, str]:
     """(prompt, chosen answer, rejected answer) as the model reads them."""
     if "prompt" in example:
@@ -141,7 +126,7 @@ def read_source(recipe) -> tuple[list[dict], Path | None]:
         shape = {k: s[k] for k in ("min_len", "max_len", "alphabet", "seed")}
         return sorting_pairs(s["n_train"] + s["n_val"], **shape), None
     path = _check_path(d.source)
-    return read_pairs(path), path
+    return read_examples(path, checked, "preference pairs"), path
 
 
 def prepare(recipe, tokenizer_json: str | None) -> PreferenceData:
@@ -165,9 +150,8 @@ def prepare(recipe, tokenizer_json: str | None) -> PreferenceData:
     encoded = [encode(e, template, tok) for e in examples]
     if path is None:
         held = [i >= recipe.data.synthetic["n_train"] for i in range(len(encoded))]
-    else:  # every 10th pair (the last one with fewer than 10), as for instruction data
-        held = [i % VAL_EVERY == VAL_OFFSET for i in range(len(encoded))] if len(encoded) >= VAL_EVERY else None
-        held = held or [i == len(encoded) - 1 for i in range(len(encoded))]
+    else:
+        held = held_out(len(encoded))
     return PreferenceData(tok, [e for e, h in zip(encoded, held) if not h], [e for e, h in zip(encoded, held) if h])
 
 
