@@ -65,7 +65,9 @@ def _bpe(f: GGUFFile, tk, tokens: list[str]):
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"{f.path}: tokenizer.ggml.pre={pre!r} is not supported; supported: {list(PRE_TOKENIZERS)}")
     regex, ignore_merges = PRE_TOKENIZERS[pre]
-    merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges") or []]
+    # Split where llama.cpp does (the first space after the first character); an entry without one is
+    # a pair of empty symbols there, which never merges: skipped (our byte and char exports write one).
+    merges = [(m[:i], m[i + 1 :]) for m in f.get("tokenizer.ggml.merges") or [] if (i := m.find(" ", 1)) != -1]
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     byte_level = tk.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=regex is None)

@@ -31,8 +31,8 @@ NORMAL, CONTROL, UNUSED = 1, 3, 5
 PER_CHARACTER = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False}
 
 
-def tokenizer_metadata(tokenizer, cfg: ModelConfig, chat_template: str | None = None) -> list[tuple[str, object]]:
-    """The tokenizer.ggml.* entries as (GGUFWriter method, value) pairs, checked and computed
+def tokenizer_metadata(tokenizer, cfg: ModelConfig, chat_template: str | None = None) -> list[tuple]:
+    """The tokenizer.ggml.* entries as (GGUFWriter method, its arguments...) tuples, checked and computed
     before anything is written (a tokenizer we cannot write is refused before any tensor work)."""
     raw = json.loads(tokenizer.to_str())
     size = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -43,8 +43,11 @@ def tokenizer_metadata(tokenizer, cfg: ModelConfig, chat_template: str | None = 
     types = [CONTROL if i in special else NORMAL for i in range(size)]
     tokens += [f"[PAD{i}]" for i in range(size, cfg.vocab_size)]
     types += [UNUSED] * (cfg.vocab_size - size)
+    # The merges key is required by llama.cpp for a gpt2 vocabulary, and the gguf writer refuses an
+    # empty array: byte and char vocabularies get one empty merge, which llama.cpp keys as the pair
+    # ("", "") that no two symbols ever form (and our reader skips).
     out = [("add_tokenizer_model", "gpt2"), ("add_tokenizer_pre", "gpt-2"), ("add_token_list", tokens),
-           ("add_token_types", types), ("add_token_merges", merges)]  # fmt: skip
+           ("add_token_types", types), ("add_token_merges", merges or [""])]  # fmt: skip
     # The config's ids, else `torchformer train`'s special tokens: without them llama.cpp assumes
     # GPT-2's (id 11 for BOS and EOS), an ordinary character in a char vocabulary.
     ids = {
@@ -63,9 +66,9 @@ def tokenizer_metadata(tokenizer, cfg: ModelConfig, chat_template: str | None = 
     return out
 
 
-def write_tokenizer(writer, entries: list[tuple[str, object]]) -> None:
-    for method, value in entries:
-        getattr(writer, method)(value)
+def write_tokenizer(writer, entries: list[tuple]) -> None:
+    for method, *args in entries:
+        getattr(writer, method)(*args)
 
 
 def vocabulary(tokenizer, raw: dict, size: int, special: set[int]) -> tuple[list[str], list[str]]:
