@@ -381,6 +381,7 @@ def features(args, env, argv) -> int:
 
 def record(key: str, title: str, argv, args, load_before: float, what: str, text: str) -> None:
     """``text`` as RESULTS.md's ``key`` section, with the command and the setting it ran in."""
+    argv = sys.argv[1:] if argv is None else argv  # run as `python -m benchmarks.serve ...`
     command = "python -m benchmarks.serve" + (" " + " ".join(argv) if argv else "")
     setting = (
         f"HF Llama folder {SHAPE['n_layers']}L d{SHAPE['d_model']} V{SHAPE['vocab']} fp32, {what}, "
