@@ -19,7 +19,7 @@ from typing import Any
 from ..config import Learned, Sinusoidal
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
-from .layouts import activation
+from .layouts import activation, dropouts, shape
 from .transforms import as_row, as_vector
 
 ENC, DEC, SHARED = "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "model.shared.weight"
@@ -98,16 +98,12 @@ BART = Family(
     model_type="bart",
     architecture="BartForConditionalGeneration",
     fields=(
-        Field("d_model", "d_model"),
-        Field("encoder_layers", "n_layers"),
+        *shape("d_model", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim"),
         Field("decoder_layers", "n_decoder_layers"),
         Field("max_position_embeddings", "max_seq_len"),
-        Field("encoder_attention_heads", "attention.n_heads"),
-        Field("encoder_ffn_dim", "block.d_ff"),
         activation("activation_function"),
         Field("scale_embedding", "embed_scale", False),
-        Field("dropout", "block.dropout", 0.0),
-        Field("dropout", "dropout", 0.0),
+        *dropouts("dropout"),
         Field("attention_dropout", "attention.dropout", 0.0),
         Field("tie_word_embeddings", "tie_embeddings", True),
     ),

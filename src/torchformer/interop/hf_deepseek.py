@@ -23,8 +23,10 @@ from .family import Family, Field, Rule, module_functions
 from .hf_rope import rope_from_hf, rope_to_hf
 from .keymap import KeyMap, renamed, rule
 from .layouts import (
+    D_FF,
     LLAMA_FIXED,
     ROTARY_BUFFER,
+    SHAPE,
     SWIGLU,
     SWIGLU_NAMES,
     L,
@@ -85,10 +87,8 @@ DEEPSEEK_V3 = Family(
     model_type="deepseek_v3",
     architecture="DeepseekV3ForCausalLM",
     fields=(
-        Field("hidden_size", "d_model"),
-        Field("num_hidden_layers", "n_layers"),
-        Field("num_attention_heads", "attention.n_heads"),
-        Field("intermediate_size", "block.d_ff"),
+        *SHAPE,
+        D_FF,
         Field("rms_norm_eps", "block.norm_eps", 1e-6),
         Field("attention_bias", "attention.bias", False),
         Field("attention_dropout", "attention.dropout", 0.0),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..config import Learned
 from .family import Family, Field
 from .keymap import KeyMap, renamed
-from .layouts import POST_LN_ENCODER, activation, body_prefix
+from .layouts import POST_LN_ENCODER, activation, body_prefix, dropouts, shape
 
 
 def keymap(cfg, hf_names=None) -> KeyMap:
@@ -28,14 +28,10 @@ DISTILBERT = Family(
     model_type="distilbert",
     architecture="DistilBertModel",
     fields=(
-        Field("dim", "d_model"),
-        Field("n_layers", "n_layers"),
-        Field("n_heads", "attention.n_heads"),
-        Field("hidden_dim", "block.d_ff"),
+        *shape("dim", "n_layers", "n_heads", "hidden_dim"),
         activation("activation"),
         Field("max_position_embeddings", "max_seq_len", 512),
-        Field("dropout", "block.dropout", 0.0),
-        Field("dropout", "dropout", 0.0),
+        *dropouts("dropout"),
         Field("attention_dropout", "attention.dropout", 0.0),
     ),
     keys=keymap,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..config import Learned
 from .family import Family, Field
 from .keymap import KeyMap, renamed, rule
-from .layouts import activation, tied
+from .layouts import activation, shape, tied
 from .transforms import fuse_rows, split_rows, transpose
 
 
@@ -40,9 +40,7 @@ GPT2 = Family(
     model_type="gpt2",
     architecture="GPT2LMHeadModel",
     fields=(
-        Field("n_embd", "d_model"),
-        Field("n_layer", "n_layers"),
-        Field("n_head", "attention.n_heads"),
+        *shape("n_embd", "n_layer", "n_head"),
         Field("n_positions", "max_seq_len", 1024),
         Field("n_inner", "block.d_ff", lambda hf: 4 * hf["n_embd"], empty=True),
         activation("activation_function"),

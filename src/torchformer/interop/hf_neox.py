@@ -15,7 +15,7 @@ from typing import Any
 from ..config import RoPE
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
-from .layouts import activation, rope_rule, tied
+from .layouts import D_FF, SHAPE, activation, dropouts, rope_rule, tied
 from .transforms import fuse_head_interleaved, split_head_interleaved
 
 
@@ -57,18 +57,15 @@ GPT_NEOX = Family(
     model_type="gpt_neox",
     architecture="GPTNeoXForCausalLM",
     fields=(
-        Field("hidden_size", "d_model"),
-        Field("num_hidden_layers", "n_layers"),
-        Field("num_attention_heads", "attention.n_heads"),
-        Field("intermediate_size", "block.d_ff"),
+        *SHAPE,
+        D_FF,
         activation("hidden_act"),
         Field("layer_norm_eps", "block.norm_eps", 1e-5),
         # x + attn(ln1 x) + mlp(ln2 x), or the sequential pre-norm block
         Field("use_parallel_residual", "block.norm_placement", True, read={True: "parallel", False: "pre"}),
         Field("attention_bias", "attention.bias", True),
         Field("attention_dropout", "attention.dropout", 0.0),
-        Field("hidden_dropout", "block.dropout", 0.0),
-        Field("hidden_dropout", "dropout", 0.0),
+        *dropouts("hidden_dropout"),
         Field("tie_word_embeddings", "tie_embeddings", False),
     ),
     keys=keymap,

@@ -11,7 +11,7 @@ from typing import Any
 from ..config import RoPE
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed
-from .layouts import SPARSE_HEAD_DIM, L, activation, heads, rope_rule, tied
+from .layouts import D_FF, SHAPE, SPARSE_HEAD_DIM, L, activation, heads, rope_rule, tied
 
 
 def phi_rope(hf: dict[str, Any]) -> dict[str, Any]:
@@ -43,12 +43,10 @@ PHI = Family(
     model_type="phi",
     architecture="PhiForCausalLM",
     fields=(
-        Field("hidden_size", "d_model"),
-        Field("num_hidden_layers", "n_layers"),
-        Field("num_attention_heads", "attention.n_heads"),
+        *SHAPE,
         Field("num_key_value_heads", "attention.n_kv_heads", heads, empty=True),
         SPARSE_HEAD_DIM,
-        Field("intermediate_size", "block.d_ff"),
+        D_FF,
         activation("hidden_act"),
         Field("layer_norm_eps", "block.norm_eps", 1e-5),
         Field("attention_dropout", "attention.dropout", 0.0, empty=True),

@@ -19,6 +19,7 @@ from typing import Any
 from ..config import RelativeBias
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
+from .layouts import dropouts, shape
 
 FEED_FORWARD = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu_tanh", "gated-silu": "swiglu"}
 TOKENS = ("pad_token_id", "eos_token_id", "decoder_start_token_id")
@@ -72,18 +73,13 @@ T5 = Family(
     model_type="t5",
     architecture="T5ForConditionalGeneration",
     fields=(
-        Field("d_model", "d_model"),
-        Field("num_layers", "n_layers"),
+        *shape("d_model", "num_layers", "num_heads", "d_ff"),
         Field("num_decoder_layers", "n_decoder_layers", lambda hf: hf["num_layers"], empty=True),
         Field("n_positions", "max_seq_len", 512),  # relative positions have no table; this is a length cap
-        Field("num_heads", "attention.n_heads"),
         Field("d_kv", "attention.head_dim"),
-        Field("d_ff", "block.d_ff"),
         Field("layer_norm_epsilon", "block.norm_eps", 1e-6),
         Field("feed_forward_proj", "block.mlp", "relu", read=FEED_FORWARD),
-        Field("dropout_rate", "attention.dropout", 0.0),
-        Field("dropout_rate", "block.dropout", 0.0),
-        Field("dropout_rate", "dropout", 0.0),
+        *dropouts("dropout_rate", "attention.dropout", "block.dropout", "dropout"),
         Field("tie_word_embeddings", "tie_embeddings", True, read=lambda v, hf: v is not False),
     ),
     keys=keymap,

@@ -46,22 +46,35 @@ def activation(key: str, ours: str = "block.mlp") -> Field:
     return Field(key, ours, None, read=ACTIVATIONS, write=HF_ACTIVATIONS)
 
 
+def dropouts(key: str, *paths: str) -> tuple[Field, ...]:
+    """One config.json dropout rate for several of ours (default: the residual and embedding ones)."""
+    return tuple(Field(key, path, 0.0) for path in paths or ("block.dropout", "dropout"))
+
+
 def tied(table: str, *heads: str) -> Callable[[ModelConfig], dict[str, str]]:
     """aliases(cfg): the head saved as a copy of the embedding table, when tied."""
     return lambda cfg: {h: table for h in heads or ("lm_head.weight",)} if cfg.tie_embeddings else {}
 
 
 # -- the Llama trunk: pre-norm RMSNorm, RoPE, GQA, SwiGLU --------------------------------------
+def shape(width: str, layers: str, heads: str, d_ff: str | None = None) -> tuple[Field, ...]:
+    """The width, depth, head count (and MLP width) under a family's config.json names."""
+    fields = (Field(width, "d_model"), Field(layers, "n_layers"), Field(heads, "attention.n_heads"))
+    return fields + ((Field(d_ff, "block.d_ff"),) if d_ff else ())
+
+
+SHAPE = shape("hidden_size", "num_hidden_layers", "num_attention_heads")  # as Llama's (most families)
+D_FF = Field("intermediate_size", "block.d_ff")
+
+
 def llama_fields(eps: float, tied_default: bool = False, head_dim: Field | None = None) -> tuple[Field, ...]:
     """The config.json keys of the Llama layout (Llama, Mistral, Qwen2/3, SmolLM3, OLMo 2, Gemma,
     Phi-3, Mixtral, Qwen-MoE); transformers' defaults for eps and tying differ by family."""
     return (
-        Field("hidden_size", "d_model"),
-        Field("num_hidden_layers", "n_layers"),
-        Field("num_attention_heads", "attention.n_heads"),
+        *SHAPE,
         Field("num_key_value_heads", "attention.n_kv_heads", heads, empty=True),
         head_dim or Field("head_dim", "attention.head_dim", head_width, empty=True),
-        Field("intermediate_size", "block.d_ff"),
+        D_FF,
         Field("rms_norm_eps", "block.norm_eps", eps),
         Field("attention_dropout", "attention.dropout", 0.0),
         Field("tie_word_embeddings", "tie_embeddings", tied_default),
@@ -258,15 +271,12 @@ def dense_rule(dense: Callable[[dict[str, Any]], list[bool]], write: Callable) -
 
 # -- BERT's encoder (BERT, RoBERTa, XLM-R) ------------------------------------------------------
 BERT_FIELDS = (
-    Field("hidden_size", "d_model"),
-    Field("num_hidden_layers", "n_layers"),
-    Field("num_attention_heads", "attention.n_heads"),
-    Field("intermediate_size", "block.d_ff"),
+    *SHAPE,
+    D_FF,
     activation("hidden_act"),
     Field("type_vocab_size", "n_token_types", 2),
     Field("layer_norm_eps", "block.norm_eps", 1e-12),
-    Field("hidden_dropout_prob", "block.dropout", 0.0),
-    Field("hidden_dropout_prob", "dropout", 0.0),
+    *dropouts("hidden_dropout_prob"),
     Field("attention_probs_dropout_prob", "attention.dropout", 0.0),
 )
 POST_LN_ENCODER = {
