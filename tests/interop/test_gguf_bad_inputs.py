@@ -17,17 +17,21 @@ from .gguf_llamacpp import gguf_file
 pytestmark = pytest.mark.xdist_group("gguf")
 
 
-def rewrite(dst, *, meta=None, drop=(), retype=None):
-    """The llama F32 file with metadata values replaced (meta), tensors dropped, or one tensor
-    stored as another type (retype: (name, GGMLQuantizationType) with bytes of the right size)."""
-    src = gguf.GGUFReader(gguf_file("llama"))
+def rewrite(dst, *, meta=None, drop=(), retype=None, family="llama", extra=None):
+    """The family's F32 file (llama) with metadata values replaced (meta) or added (extra: key ->
+    (value, GGUFValueType, sub type or None)), tensors dropped, or one tensor stored as another
+    type (retype: (name, GGMLQuantizationType) with bytes of the right size)."""
+    src = gguf.GGUFReader(gguf_file(family))
     meta = meta or {}
-    out = gguf.GGUFWriter(dst, meta.get("general.architecture", "llama"))
+    arch = src.fields["general.architecture"].contents()
+    out = gguf.GGUFWriter(dst, meta.get("general.architecture", arch))
     for key, field in src.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         sub = field.types[1] if len(field.types) > 1 else None
         out.add_key_value(key, meta.get(key, field.contents()), field.types[0], sub_type=sub)
+    for key, (value, kind, sub) in (extra or {}).items():
+        out.add_key_value(key, value, kind, sub_type=sub)
     for t in src.tensors:
         if t.name in drop:
             continue
@@ -117,3 +121,29 @@ def test_a_gguf_path_is_a_model_kind_and_a_missing_one_is_not(tmp_path):
     assert model_kind(gguf_file("llama")) == "gguf"
     with pytest.raises(ValueError, match=r"\.gguf file"):
         model_kind(tmp_path / "absent.gguf")
+
+
+def test_olmo3_sliding_windows_are_refused_before_any_read(tmp_path, no_reads):
+    extra = {"olmo2.attention.sliding_window": (4, gguf.GGUFValueType.UINT32, None)}
+    path = rewrite(tmp_path / "olmo3.gguf", family="olmo2", extra=extra)
+    with pytest.raises(ValueError, match=r"olmo2.attention.sliding_window is set \(OLMo 3\)"):
+        from_gguf(path)
+
+
+def test_gemma3_layers_follow_the_files_pattern_and_window(tmp_path):
+    """llama.cpp's rules: a bool list per layer, or n (every n-th layer full), default 6; no window:
+    every layer full. Each case differs from the default, so the reading is not vacuous."""
+    from torchformer.interop.gguf.archs import hf_config
+    from torchformer.interop.gguf.container import open_gguf
+
+    def types(extra=None, drop_window=False):
+        meta = {"gemma3.attention.sliding_window": 0} if drop_window else None
+        path = rewrite(tmp_path / "g.gguf", family="gemma3", meta=meta, extra=extra)
+        return ["S" if t == "sliding_attention" else "F" for t in hf_config(open_gguf(path))["layer_types"]]
+
+    listed = [True, False, True, True, False, True]
+    kind = gguf.GGUFValueType
+    assert types() == list("SSSSSF")
+    assert types({"gemma3.attention.sliding_window_pattern": (listed, kind.ARRAY, kind.BOOL)}) == list("SFSSFS")
+    assert types({"gemma3.attention.sliding_window_pattern": (3, kind.UINT32, None)}) == list("SSFSSF")
+    assert types(drop_window=True) == list("FFFFFF")
