@@ -94,3 +94,76 @@ def test_decode_kernel_with_spaced_keys_or_another_value_width(kernel, E, Ev, ga
         q, k[:, :, :n], v[:, :, :n], attn_mask=term[..., :n], scale=0.2, enable_gqa=True
     )
     torch.testing.assert_close(kernel.decode_attention(q, k, v, term, n, 0.2), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("B, H, K, E, S, n", [s for s in SHAPES if s[3] <= 128])
+@pytest.mark.parametrize("term_kind", ["bias", "none"])
+def test_decode_kernel_reads_a_bf16_cache_as_it_is(kernel, B, H, K, E, S, n, term_kind):
+    """A bf16 model's cache: the kernel widens each key and value in registers, so it equals SDPA
+    over the same bf16 values in fp32 (only the order of the sums differs)."""
+    g = torch.Generator().manual_seed(B * 100 + E + n + 1)
+    k = torch.randn(B, K, S + 5, E, generator=g).bfloat16()[:, :, :S]
+    v = torch.randn(B, K, S + 5, E, generator=g).bfloat16()[:, :, :S]
+    q = torch.randn(B, H, 1, E, generator=g)
+    term = None
+    if term_kind == "bias":
+        term = torch.randn(B, H, 1, S, generator=g)
+        term = term.masked_fill(torch.rand(B, H, 1, S, generator=g) < 0.3, float("-inf"))
+        term[..., 0] = 0.0
+    cut = None if term is None else term[..., :n]
+    want = F.scaled_dot_product_attention(
+        q, k[:, :, :n].float(), v[:, :, :n].float(), attn_mask=cut, scale=0.3, enable_gqa=H != K
+    )
+    got = kernel.decode_attention(q, k, v, term, n, 0.3)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Through the op's CPU kernel, with a bf16 query as a bf16 model has: one bf16 rounding of the result.
+    qb = q.bfloat16()
+    routed = attention.prefix_attention(qb, k, v, term, torch.tensor(n), 0.3)
+    assert routed.dtype == torch.bfloat16
+    want_b = kernel.decode_attention(qb.float(), k, v, term, n, 0.3).bfloat16()  # checked against SDPA above
+    torch.testing.assert_close(routed, want_b, rtol=0, atol=0)
+
+
+def test_a_bf16_cache_the_kernel_cannot_take_goes_to_sdpa(kernel):
+    """Heads wider than the register path (E = 160): the kernel refuses bf16 there, and the op's
+    kernel never sends it (SDPA over the prefix instead)."""
+    q, k = torch.randn(1, 2, 1, 160), torch.randn(1, 2, 8, 160).bfloat16()
+    with pytest.raises(RuntimeError, match="bf16 keys and values need"):
+        kernel.decode_attention(q, k, k, None, 4, 1.0)
+    assert not attention.decodes(q.bfloat16(), k, k, None)
+    out = attention.prefix_attention(q.bfloat16(), k, k, None, torch.tensor(4), 1.0)
+    want = F.scaled_dot_product_attention(q.bfloat16(), k[:, :, :4], k[:, :, :4], scale=1.0)
+    torch.testing.assert_close(out, want)
+
+
+@torch.inference_mode()
+def test_a_bf16_model_decodes_through_the_kernel(kernel, monkeypatch):
+    import torchformer as tfm
+
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            if name == "decode_attention":
+                calls.append(name)
+            return getattr(kernel, name)
+
+    monkeypatch.setattr(attention, "kernels", lambda: Spy())
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
+    torch.manual_seed(0)
+    net = tfm.build_model(cfg).eval().to(torch.bfloat16)
+    ids = torch.randint(0, 97, (2, 7))
+    out = tfm.generate(net, ids, max_new_tokens=5)
+    assert len(calls) == 2 * 4  # two layers, four decode steps, all on the bf16 cache
+    monkeypatch.setattr(attention, "kernels", lambda: None)  # SDPA over the prefix instead
+    # SDPA over the prefix instead: a decode step's logits agree within bf16 roundings of the
+    # same sums (kernel: fp32 sums of the bf16 values, rounded once; SDPA: its own order).
+    cache = net.new_cache(2, 16)
+    pos = torch.arange(7)[None].expand(2, -1)
+    net.logits(ids, pos, None, cache)
+    step_ids, step_pos = out[:, 7:8], torch.full((2, 1), 7)
+    monkeypatch.setattr(attention, "kernels", lambda: kernel)
+    fast = net.logits(step_ids, step_pos, None, cache)
+    monkeypatch.setattr(attention, "kernels", lambda: None)
+    plain = net.logits(step_ids, step_pos, None, cache)
+    torch.testing.assert_close(fast.float(), plain.float(), rtol=0.05, atol=0.05)

@@ -1,8 +1,10 @@
 """The CPU kernel of nn/backends.py's ``torchformer::prefix_sdpa`` (a cached step's attention over
-the live prefix of the static cache): one query per row (decoding) in fp32 runs the decode
-kernel of csrc/kernels.cpp where it is built (native.py), everything else the op's own SDPA over
-the prefix. Registered when this package is imported (generation and serve import it); the
-kernel itself is built on its first use, as before. nn/ never imports it."""
+the live prefix of the static cache): one query per row (decoding) runs the decode kernel of
+csrc/kernels.cpp where it is built (native.py), over an fp32 or a bf16 cache (read as it is,
+widened in registers; the query and the result go through fp32); everything else the op's own SDPA
+over the prefix. torch's SDPA over a bf16 cache took ~10x the kernel's time at one query (143-196
+against 11-14 us, B=1, H=8, n=100, E=64, one thread). Registered when this package is imported
+(generation and serve import it); the kernel itself is built on its first use. nn/ never imports it."""
 
 from __future__ import annotations
 
@@ -12,13 +14,26 @@ from torch import Tensor
 from ..nn.backends import prefix_sdpa, sdpa_prefix
 from .native import kernels
 
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what the kernel reads keys and values in
+MAX_HEAD = 128  # a bf16 cache needs the register path: E == Ev <= 128
+
 
 @prefix_sdpa.register_kernel("cpu")
 def prefix_attention(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live: Tensor, scale: float) -> Tensor:
     """q (B, H, T, E) over the first ``live`` slots of k, v (B, K, S, E) -> (B, H, T, E)."""
     n = int(live)
-    fp32 = q.dtype == k.dtype == v.dtype == torch.float32 and (term is None or term.dtype == torch.float32)
-    unit = q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
-    if q.shape[2] == 1 and fp32 and unit and kernels() is not None:  # one query per row (decoding)
-        return kernels().decode_attention(q, k, v, term, n, scale)  # (B, H, 1, E)
+    if decodes(q, k, v, term) and kernels() is not None:  # one query per row (decoding)
+        fp32_term = None if term is None else term.float()
+        out = kernels().decode_attention(q.float(), k, v, fp32_term, n, scale)  # (B, H, 1, E) fp32
+        return out.to(q.dtype)
     return sdpa_prefix(q, k, v, term, n, scale)
+
+
+def decodes(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None) -> bool:
+    """Whether the decode kernel takes this call: one query per row, a cache it reads (fp32 or bf16,
+    K and V alike), unit stride on the head dim, and a floating query and term it can widen."""
+    cache = k.dtype == v.dtype and k.dtype in CACHE_DTYPES
+    floats = q.dtype in CACHE_DTYPES and (term is None or term.dtype in CACHE_DTYPES)
+    unit = q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+    shape = k.dtype == torch.float32 or q.shape[-1] == v.shape[-1] <= MAX_HEAD
+    return q.shape[2] == 1 and cache and floats and unit and shape

@@ -136,7 +136,8 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
 }
 
 // One decode query per row over the first n cached keys (nn/backends.py, prefix_sdpa):
-// q (B, H, 1, E), k (B, K, S, E) and v (B, K, S, Ev) strided views with unit stride on the last
+// q (B, H, 1, E) fp32, k (B, K, S, E) and v (B, K, S, Ev) fp32 or bf16 (a bf16 model's cache, widened
+// in registers as it is read: half the bytes of an fp32 copy) strided views with unit stride on the last
 // dim, term an additive (B, 1|H, 1, S) fp32 mask/bias (any strides) or undefined -> (B, H, 1, Ev).
 // Per (row, KV head) task: the G = H / K query heads of the group read each key and value once
 // (GQA shares them); scores q.k * scale + term, an exact softmax (max-subtracted, fp32), then the
@@ -164,11 +165,12 @@ inline void prefetch_line(uintptr_t a) { _mm_prefetch(reinterpret_cast<const cha
 // task the n keys of K, then its n values of V, then the next task's. A stream whose keys are
 // contiguous (stride == length, as in the static cache) is one range of lines; otherwise each key
 // is one. The reads advance it by the bytes they consume, so it stays the same distance ahead.
+template <class T>
 struct Ahead {
-  const float *kp, *vp;
+  const T *kp, *vp;
   int64_t ks0, ks1, ks2, vs0, vs1, vs2, K, n, E, Ev, task, end;
   int which = 0;  // 0: the task's K, 1: its V
-  const float* base = nullptr;
+  const T* base = nullptr;
   int64_t stride = 0, len = 0, key = 0;
   bool whole = false;
   uintptr_t pos = 0, stop = 0, next = 0;  // the range being walked; the first line not yet prefetched
@@ -182,7 +184,7 @@ struct Ahead {
   }
   void range() {
     pos = reinterpret_cast<uintptr_t>(base + key * stride);
-    stop = pos + (whole ? n : 1) * len * 4;
+    stop = pos + (whole ? n : 1) * len * static_cast<int64_t>(sizeof(T));
   }
   void forward() {
     if (!whole && ++key < n) return range();
@@ -222,8 +224,17 @@ inline __m512 reduce16(const __m512* a) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
 }
 
+// 16 keys' or values' elements as fp32: loaded (fp32) or widened (bf16: the top half of an fp32).
+inline __m512 widen(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 widen(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+template <class T>
 struct Args {
-  const float *qp, *kp, *vp, *tp;
+  const float* qp;
+  const T *kp, *vp;
+  const float* tp;
   float* op;
   int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2, tb, th, ts, H, K, G, E, Ev, n;
   float sc;
@@ -231,20 +242,22 @@ struct Args {
 
 // One (row, KV head) task, E == Ev, NV = ceil(E / 16) vectors (the last masked when E % 16):
 // q and the output accumulators in registers. scores: G rows of npad floats; mxbuf: G x 16.
-template <int NV>
-void attend(const Args& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead& ahead) {
+template <int NV, class T>
+void attend(const Args<T>& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead<T>& ahead) {
   using Vec = at::vec::Vectorized<float>;
   const int64_t b = task / a.K, kh = task % a.K, n = a.n, G = a.G;
-  const float* kb = a.kp + b * a.ks0 + kh * a.ks1;
-  const float* vb = a.vp + b * a.vs0 + kh * a.vs1;
+  const T* kb = a.kp + b * a.ks0 + kh * a.ks1;
+  const T* vb = a.vp + b * a.vs0 + kh * a.vs1;
+  constexpr int64_t ES = sizeof(T);
   const __mmask16 em = first_lanes(a.E - (NV - 1) * 16);
   auto load = [em](const float* p, int e) { return e == NV - 1 ? _mm512_maskz_loadu_ps(em, p + 16 * e) : _mm512_loadu_ps(p + 16 * e); };
+  auto load_kv = [em](const T* p, int e) { return widen(p + 16 * e, e == NV - 1 ? em : (__mmask16)0xFFFF); };
   for (int64_t g = 0; g < G; ++g) _mm512_storeu_ps(mxbuf + 16 * g, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
   // Scores, 16 keys at a time, each block for all G heads while its keys are in L1.
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int64_t c = std::min<int64_t>(16, n - j0);
     const __mmask16 cm = first_lanes(c);
-    ahead.advance(c * a.E * 4);
+    ahead.advance(c * a.E * ES);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = kh * G + g;
       const float* qh = a.qp + b * a.qs0 + h * a.qs1;
@@ -252,9 +265,9 @@ void attend(const Args& a, int64_t task, float* scores, float* mxbuf, int64_t np
       for (int e = 0; e < NV; ++e) qv[e] = load(qh, e);
       __m512 d[16];  // 16 independent chains: no FMA waits on the one before
       for (int s = 0; s < 16; ++s) {
-        const float* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
-        __m512 t = _mm512_mul_ps(qv[0], load(kj, 0));
-        for (int e = 1; e < NV; ++e) t = _mm512_fmadd_ps(qv[e], load(kj, e), t);
+        const T* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
+        __m512 t = _mm512_mul_ps(qv[0], load_kv(kj, 0));
+        for (int e = 1; e < NV; ++e) t = _mm512_fmadd_ps(qv[e], load_kv(kj, e), t);
         d[s] = t;
       }
       __m512 sv = _mm512_mul_ps(reduce16(d), _mm512_set1_ps(a.sc));
@@ -293,20 +306,20 @@ void attend(const Args& a, int64_t task, float* scores, float* mxbuf, int64_t np
     for (int e = 0; e < NV; ++e) acc0[e] = acc1[e] = _mm512_setzero_ps();
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
-      if (g == 0) ahead.advance(2 * a.Ev * 4);
-      const float* v0 = vb + j * a.vs2;
-      const float* v1 = v0 + a.vs2;
+      if (g == 0) ahead.advance(2 * a.Ev * ES);
+      const T* v0 = vb + j * a.vs2;
+      const T* v1 = v0 + a.vs2;
       const __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
       for (int e = 0; e < NV; ++e) {
-        acc0[e] = _mm512_fmadd_ps(p0, load(v0, e), acc0[e]);
-        acc1[e] = _mm512_fmadd_ps(p1, load(v1, e), acc1[e]);
+        acc0[e] = _mm512_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
+        acc1[e] = _mm512_fmadd_ps(p1, load_kv(v1, e), acc1[e]);
       }
     }
     if (j < n) {
-      if (g == 0) ahead.advance(a.Ev * 4);
-      const float* v0 = vb + j * a.vs2;
+      if (g == 0) ahead.advance(a.Ev * ES);
+      const T* v0 = vb + j * a.vs2;
       const __m512 p0 = _mm512_set1_ps(s[j]);
-      for (int e = 0; e < NV; ++e) acc0[e] = _mm512_fmadd_ps(p0, load(v0, e), acc0[e]);
+      for (int e = 0; e < NV; ++e) acc0[e] = _mm512_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
     }
     float* oh = a.op + (b * a.H + h) * a.Ev;
     const __m512 inv = _mm512_set1_ps(1.f / total);
@@ -318,15 +331,35 @@ void attend(const Args& a, int64_t task, float* scores, float* mxbuf, int64_t np
   }
 }
 
-using AttendFn = void (*)(const Args&, int64_t, float*, float*, int64_t, Ahead&);
-constexpr AttendFn ATTEND[9] = {nullptr, attend<1>, attend<2>, attend<3>, attend<4>, attend<5>, attend<6>, attend<7>, attend<8>};
+template <class T>
+using AttendFn = void (*)(const Args<T>&, int64_t, float*, float*, int64_t, Ahead<T>&);
+template <class T>
+constexpr AttendFn<T> ATTEND[9] = {nullptr, attend<1, T>, attend<2, T>, attend<3, T>, attend<4, T>,
+                                  attend<5, T>, attend<6, T>, attend<7, T>, attend<8, T>};
+
+// The register-resident path for keys and values of element type T (fp32, or bf16 as uint16_t).
+template <class T>
+void attend_all(const Args<T>& args, int64_t B) {
+  const AttendFn<T> fn = ATTEND<T>[(args.E + 15) / 16];
+  const int64_t npad = (args.n + 15) / 16 * 16;
+  at::parallel_for(0, B * args.K, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(args.G * npad), mxbuf(args.G * 16);
+    Ahead<T> ahead{args.kp, args.vp, args.ks0, args.ks1, args.ks2, args.vs0, args.vs1, args.vs2,
+                   args.K, args.n, args.E, args.Ev, begin, end};
+    ahead.open();
+    ahead.advance(AHEAD_LINES * 64);
+    for (int64_t task = begin; task < end; ++task) fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
+  });
+}
 }  // namespace
 
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const c10::optional<torch::Tensor>& term, int64_t n, double scale) {
   using Vec = at::vec::Vectorized<float>;
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat,
-              "decode_attention: fp32 only");
+  const bool bf16 = k.scalar_type() == at::kBFloat16 && v.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == at::kFloat && (bf16 || (k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat)),
+              "decode_attention: q fp32, k and v both fp32 or both bf16");
+  TORCH_CHECK(!(term.has_value() && term->defined()) || term->scalar_type() == at::kFloat, "decode_attention: term must be fp32");
   TORCH_CHECK(q.size(2) == 1 && q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "decode_attention: one query per row, unit stride on the head dim");
   const int64_t B = q.size(0), H = q.size(1), E = q.size(3), K = k.size(1), Ev = v.size(3);
@@ -338,22 +371,22 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   const int64_t tb = has_term ? term->stride(0) : 0, th = has_term && term->size(1) > 1 ? term->stride(1) : 0;
   const int64_t ts = has_term ? term->stride(3) : 0;
   const float* qp = q.data_ptr<float>();
-  const float* kp = k.data_ptr<float>();
-  const float* vp = v.data_ptr<float>();
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
-  if (E == Ev && E <= 16 * 8) {
-    const AttendFn fn = ATTEND[(E + 15) / 16];
-    const Args args{qp, kp, vp, tp, op, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-                    v.stride(0), v.stride(1), v.stride(2), tb, th, ts, H, K, G, E, Ev, n, sc};
-    const int64_t npad = (n + 15) / 16 * 16;
-    at::parallel_for(0, B * K, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(G * npad), mxbuf(G * 16);
-      Ahead ahead{kp, vp, args.ks0, args.ks1, args.ks2, args.vs0, args.vs1, args.vs2, K, n, E, Ev, begin, end};
-      ahead.open();
-      ahead.advance(AHEAD_LINES * 64);
-      for (int64_t task = begin; task < end; ++task) fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
-    });
+  const bool registers = E == Ev && E <= 16 * 8;
+  TORCH_CHECK(registers || !bf16, "decode_attention: bf16 keys and values need E == Ev <= 128");
+  if (bf16) {
+    const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());
+    const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr());
+    attend_all<uint16_t>({qp, kp, vp, tp, op, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                          v.stride(0), v.stride(1), v.stride(2), tb, th, ts, H, K, G, E, Ev, n, sc}, B);
+    return out;
+  }
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  if (registers) {
+    attend_all<float>({qp, kp, vp, tp, op, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
+                       v.stride(0), v.stride(1), v.stride(2), tb, th, ts, H, K, G, E, Ev, n, sc}, B);
     return out;
   }
   // Other head sizes: one key at a time, the accumulator in memory.
