@@ -55,7 +55,7 @@ def test_sequence_logps_equal_each_sequence_alone(tmp_path):
             seq = torch.tensor([[*prompt, *answer]])
             logp = torch.log_softmax(model(seq[:, :-1])[0].double(), -1)  # (T, V)
             hand = sum(float(logp[len(prompt) - 1 + j, t].detach()) for j, t in enumerate(answer))
-            assert float(value) == pytest.approx(hand, abs=1e-4)
+            assert float(value.detach()) == pytest.approx(hand, abs=1e-4)
             assert int(n) == len(answer)  # the answer and its EOS, nothing of the prompt
 
 

@@ -120,6 +120,7 @@ def train(
         amp = autocast(t.precision, rt.device)
 
         tokens_per_step = t.batch_size * (recipe.data.seq_len if task != "seq2seq" else _mean_len(data))
+        tokens_per_step *= 2 if t.objective is not None else 1  # preference: a chosen and a rejected row per pair
         flops = flops_per_token(cfg, recipe.data.seq_len if task != "seq2seq" else max(1, _mean_len(data))).training
         with torch.random.fork_rng(devices=[]):  # the timing's random matrices must not shift the dropout stream
             peak = matmul_peak_flops()
