@@ -284,3 +284,16 @@ def test_a_vocabulary_that_cannot_write_json_is_400():
     with pytest.raises(APIError) as err:
         grammars.compile(ResponseFormat("json_object", None))
     assert err.value.status == 400 and err.value.param == "response_format"
+
+
+def test_greedy_rows_masked_together_equal_each_rows_own_mask(served):
+    """Greedy constrained rows take one masked argmax together (grammar.masked_argmax); top_k 1
+    with a seed goes through each row's own mask and sampler: the same tokens, four rows at once."""
+    _, url = served
+    fmt = schema_format("nested_with_bounded_numbers")
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda p: chat(url, p, None, fmt).choices[0].message.content, PROMPTS))
+        own = list(
+            pool.map(lambda p: chat(url, p, 5, fmt, extra_body={"top_k": 1}).choices[0].message.content, PROMPTS)
+        )
+    assert together == own and len(set(together)) > 1

@@ -185,6 +185,18 @@ class Constraint:
         return may_end and self.ended
 
 
+def masked_argmax(logits, constraints: list[Constraint], rows: list[int]):
+    """The greedy choices (m,) of constrained ``rows`` of a step's logits (n, V): one masked copy
+    and one argmax for all of them (what each row's own mask then argmax gives; the processors
+    leave greedy logits unchanged). The caller's logits, which logprobs read, are not touched."""
+    import torch
+
+    picked = logits[rows].float()  # (m, V), a copy
+    bitmask = torch.cat([c.bitmask for c in constraints])  # (m, W)
+    constraints[0].xgr.apply_token_bitmask_inplace(picked, bitmask, vocab_size=constraints[0].vocab_size)
+    return picked.argmax(-1)
+
+
 class Compilers:
     """The engine's Grammars, made on the first structured request (xgrammar's tokenizer info
     costs a second or more at a large vocabulary; a server that never sees one never pays it)."""

@@ -93,6 +93,13 @@ class Job:
         s = self.params.sampling
         return s.greedy and not s.needs_history and self.grammar is None
 
+    @property
+    def masked_greedy(self) -> bool:
+        """Greedy under a grammar with no history-reading processor: the argmax of its masked row,
+        taken together with the other such rows (grammar.masked_argmax), not one row at a time."""
+        s = self.params.sampling
+        return s.greedy and not s.needs_history and self.constraint is not None
+
     def start(self, row: int, vocab_size: int, device: torch.device) -> None:
         self.row, self.pos = row, len(self.prompt)
         s = self.params.sampling

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from .grammar import masked_argmax
 from .groups import first_tokens
 from .jobs import Job, Prompt
 from .logprobs import step_logprobs
@@ -165,8 +166,18 @@ class Scheduler:
             self.held.written([r for r, j in enumerate(rows) if j is None], length)
         tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
         failed = set()
+        masked = [j for j in jobs if j.masked_greedy]
+        if masked:  # greedy under a grammar: all such rows in one masked argmax
+            try:
+                rows = [j.row for j in masked]
+                tokens[rows] = masked_argmax(logits, [j.constraint for j in masked], rows)
+            except Exception as err:  # noqa: BLE001 - these requests fail; the others go on
+                for job in masked:
+                    self.fail(job, "sampling failed", err)
+                    self.free(job)
+                    failed.add(job.id)
         for job in jobs:
-            if job.fast:
+            if job.fast or job.masked_greedy:
                 continue
             try:
                 tokens[job.row] = job.sample(logits[job.row : job.row + 1])[0]
