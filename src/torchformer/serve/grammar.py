@@ -8,7 +8,9 @@ logprobs report, are not touched (the mask works on a copy). The matcher advance
 chosen token; once the grammar can only end, the choice ends with finish_reason "stop" (its end
 token is not generated). The next mask is computed after the token is accepted, not while the
 next forward runs: at 27 us a token (below) against a forward of milliseconds, a thread hand-off
-per row per step would cost about what it saves.
+per row per step would cost about what it saves. (A ``maxLength``-bounded string costs more:
+~0.6 ms a token at an 8k vocabulary, ~10x an unbounded one.) Greedy rows under a grammar take
+one masked argmax together (``masked_argmax``), not a copy, mask and sampler each.
 
 The engine is xgrammar. Measured on this CPU (2 cores, loaded, one thread) at a 128,256-token
 byte-level BPE vocabulary over a 5-field nested schema (enum array, bounded integer and number,
