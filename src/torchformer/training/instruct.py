@@ -134,19 +134,26 @@ def load_template(recipe, init: str | None):
     return load_chat_template(init) if init is not None else None
 
 
-def prepare(recipe, tokenizer_json: str | None) -> InstructData:
-    """Read, render and tokenize data.source (small files: nothing is cached)."""
+def template_for(recipe, examples: list[dict]):
+    """The chat template the examples are rendered with (None: plain prompts need none); an error
+    when they hold conversations and there is none."""
     from .finetune import init_of
 
-    path = _check_path(recipe.data.source)
-    examples = read_examples(path)
     template = load_template(recipe, init_of(recipe))
     if template is None and any("messages" in e for e in examples):
         raise ValueError(
-            f'data.source={str(path)!r} holds conversations ("messages") but there is no chat template: set '
-            "data.chat_template to a jinja2 file, or start from a model.init folder with chat_template.jinja or "
-            "a chat_template in tokenizer_config.json (prompt/completion data needs none)"
+            f'data.source={recipe.data.source!r} holds conversations ("messages") but there is no chat template: '
+            "set data.chat_template to a jinja2 file, or start from a model.init folder with chat_template.jinja "
+            "or a chat_template in tokenizer_config.json (prompt/completion data needs none)"
         )
+    return template
+
+
+def prepare(recipe, tokenizer_json: str | None) -> InstructData:
+    """Read, render and tokenize data.source (small files: nothing is cached)."""
+    path = _check_path(recipe.data.source)
+    examples = read_examples(path)
+    template = template_for(recipe, examples)
     if tokenizer_json is not None:
         tok = pretrained_tokenizer(tokenizer_json)
     else:  # from scratch: a char tokenizer over everything the model will read

@@ -18,16 +18,15 @@ them), so any split of the rows into micro-batches or ranks keeps each pair whol
 from __future__ import annotations
 
 import random
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .batches import IGNORE, Batch, generator
+from .batches import IGNORE, Batch
 from .data import _check_path
-from .instruct import _render, held_out, load_template, read_examples
+from .instruct import Example, InstructBatches, InstructData, _render, held_out, read_examples, template_for
 from .tokenizers import TextTokenizer, build_tokenizer, pretrained_tokenizer
 
 Pair = tuple[np.ndarray, np.ndarray, np.ndarray]  # (prompt ids, chosen answer ids, rejected answer ids)
@@ -131,16 +130,8 @@ def read_source(recipe) -> tuple[list[dict], Path | None]:
 
 def prepare(recipe, tokenizer_json: str | None) -> PreferenceData:
     """Read, render and tokenize data.source (small files: nothing is cached)."""
-    from .finetune import init_of
-
     examples, path = read_source(recipe)
-    template = load_template(recipe, init_of(recipe))
-    if template is None and any("messages" in e for e in examples):
-        raise ValueError(
-            f"data.source={recipe.data.source!r} holds conversations but there is no chat template: set "
-            "data.chat_template to a jinja2 file, or start from a model.init folder with a chat template (plain "
-            "prompts need none)"
-        )
+    template = template_for(recipe, examples)
     rendered = [texts(e, template) for e in examples]
     if tokenizer_json is not None:
         tok = pretrained_tokenizer(tokenizer_json)
@@ -155,44 +146,26 @@ def prepare(recipe, tokenizer_json: str | None) -> PreferenceData:
     return PreferenceData(tok, [e for e, h in zip(encoded, held) if not h], [e for e, h in zip(encoded, held) if h])
 
 
-class PreferenceBatches:
-    """Pairs drawn with replacement as a pure function of (seed, step); each pair gives two rows,
-    prompt + chosen and prompt + rejected, right-padded to the longest row of the batch and cut to
-    seq_len + 1 tokens: ids = x[:-1], labels = y[1:] (-100 on the prompt and the padding)."""
+def rows(pair: Pair) -> list[Example]:
+    """A pair's two rows as instruction examples (ids, labels): prompt + chosen, then prompt +
+    rejected, with labels -100 on the prompt."""
+    prompt, *answers = pair
+    return [(np.concatenate([prompt, a]), np.concatenate([np.full(len(prompt), IGNORE), a])) for a in answers]
+
+
+class PreferenceBatches(InstructBatches):
+    """Pairs drawn with replacement as a pure function of (seed, step), each giving its two rows
+    (``rows``) collated as instruction examples are: right-padded to the longest row of the batch
+    and cut to seq_len + 1 tokens; ``chosen`` marks each pair's first row."""
 
     def __init__(self, data: PreferenceData, *, batch_size: int, seq_len: int, seed: int) -> None:
         if not data.train or not data.val:
             raise ValueError("preference data needs at least one training and one validation pair")
-        self.data, self.batch_size, self.seq_len, self.seed = data, batch_size, seq_len, seed
-        tok = data.tokenizer
-        self.pad = next((i for i in (tok.pad_id, tok.eos_id) if i is not None), 0)
-        long = [(p, a) for p, *answers in data.train + data.val for a in answers if len(p) + len(a) > seq_len + 1]
-        if long:
-            lost = sum(len(p) >= seq_len + 1 for p, _ in long)
-            warnings.warn(
-                f"{len(long)} preference answers with their prompt are longer than data.seq_len + 1 = "
-                f"{seq_len + 1} tokens and are cut there ({lost} of them keep no answer token); raise data.seq_len",
-                stacklevel=2,
-            )
+        as_rows = InstructData(data.tokenizer, [r for p in data.train for r in rows(p)],
+                               [r for p in data.val for r in rows(p)])  # fmt: skip
+        super().__init__(as_rows, batch_size=batch_size, seq_len=seq_len, seed=seed)  # warns of rows cut short
+        self.data = data  # batches draw and evaluate whole pairs
 
     def collate(self, pairs: list[Pair]) -> Batch:
-        rows = [(p, a) for p, *answers in pairs for a in answers]  # chosen row, then rejected row, per pair
-        L = min(self.seq_len + 1, max(len(p) + len(a) for p, a in rows))
-        ids = np.full((len(rows), L), self.pad, dtype=np.int64)  # (2P, T + 1)
-        labels = np.full((len(rows), L), IGNORE, dtype=np.int64)  # (2P, T + 1)
-        for r, (prompt, answer) in enumerate(rows):
-            x = np.concatenate([prompt, answer])[:L]
-            ids[r, : len(x)] = x
-            labels[r, len(prompt) : len(x)] = x[len(prompt) :]
-        ids_t, labels_t = torch.from_numpy(ids), torch.from_numpy(labels)
-        chosen = torch.arange(len(rows)) % 2 == 0  # (2P,)
-        return {"ids": ids_t[:, :-1], "labels": labels_t[:, 1:], "chosen": chosen}
-
-    def batch(self, step: int) -> Batch:
-        picks = torch.randint(0, len(self.data.train), (self.batch_size,), generator=generator(self.seed, step, 0))
-        return self.collate([self.data.train[i] for i in picks.tolist()])
-
-    def eval_batches(self, n: int) -> list[Batch]:
-        val = self.data.val
-        chunks = [val[i : i + self.batch_size] for i in range(0, len(val), self.batch_size)]
-        return [self.collate(c) for c in chunks[:n]]
+        batch = super().collate([r for p in pairs for r in rows(p)])
+        return {**batch, "chosen": torch.arange(2 * len(pairs)) % 2 == 0}  # (2P,)
