@@ -102,11 +102,11 @@ FAMILIES["gemma3"] = ("Gemma3TextConfig", dict(vocab_size=448, head_dim=64, num_
                                                query_pre_attn_scalar=64, rope_parameters=GEMMA3_ROPE))  # fmt: skip
 # GPT-NeoX: no GQA; the converter reads the 4.x name rotary_pct, which transformers 5 no longer
 # saves: config.json gets it added.
-# These two are initialised wider (0.02 gives a greedy continuation of 3 and 11 distinct tokens: the
-# token-to-next-token map of a near-identity stack); NeoX's head is then scaled down (HEAD_SCALE)
-# to keep its logits near 2, which keeps the argmax and the tolerances' scale.
+# These two (and the MoE ones below) are initialised wider (0.02 gives a greedy continuation of 3
+# and 11 distinct tokens: the token-to-next-token map of a near-identity stack); their heads are
+# then scaled down (HEAD_SCALE) to keep logits near 2, which keeps the argmax and the tolerances' scale.
 FAMILIES["gptneox"] = ("GPTNeoXConfig", dict(num_key_value_heads=4, initializer_range=0.3))
-HEAD_SCALE = {"gptneox": 0.1}
+HEAD_SCALE = {"gptneox": 0.1, "qwen2moe": 0.2, "qwen3moe": 0.2}
 CONFIG_JSON = {"gptneox": {"rotary_pct": 0.25}}
 # The converter reads hparams through transformers' AutoConfig.to_dict(), which drops names
 # transformers 5 renamed: this one also takes config.json's keys the dict lacks.
@@ -116,6 +116,12 @@ CONVERT_RAW_KEYS = CONVERT.replace(
     "base.ModelBase.load_hparams = staticmethod(lambda d, m: {**json.load(open(d / 'config.json')), **hp(d, m)})\n",
 )
 FAMILIES["olmo2"] = ("Olmo2Config", dict(tie_word_embeddings=False, initializer_range=0.05))
+# Qwen MoE: four experts, two per token, every layer routed (llama.cpp's graphs have no dense
+# layers); Qwen3-MoE renormalises the top-k weights (llama.cpp's qwen3moe graph always does).
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, decoder_sparse_step=1, mlp_only_layers=[],
+           tie_word_embeddings=False, initializer_range=0.1)  # fmt: skip
+FAMILIES["qwen2moe"] = ("Qwen2MoeConfig", dict(MOE, shared_expert_intermediate_size=256))
+FAMILIES["qwen3moe"] = ("Qwen3MoeConfig", dict(MOE, norm_topk_prob=True))
 # llama.cpp converts Gemma's tokenizer.model only
 SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
 

@@ -147,3 +147,10 @@ def test_gemma3_layers_follow_the_files_pattern_and_window(tmp_path):
     assert types({"gemma3.attention.sliding_window_pattern": (listed, kind.ARRAY, kind.BOOL)}) == list("SFSSFS")
     assert types({"gemma3.attention.sliding_window_pattern": (3, kind.UINT32, None)}) == list("SSFSSF")
     assert types(drop_window=True) == list("FFFFFF")
+
+
+def test_an_expert_count_beyond_the_stacked_experts_is_named(tmp_path, no_reads):
+    path = rewrite(tmp_path / "moe.gguf", family="qwen3moe", meta={"qwen3moe.expert_count": 5})
+    stacked = r"'blk\.0\.ffn_gate_exps\.weight' has shape \(4, 128, 256\), holding no expert 4"
+    with pytest.raises(ValueError, match=stacked):
+        from_gguf(path)

@@ -23,6 +23,9 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   ([q_h; k_h; v_h]); we regroup the rows. Partial rotary from rope.dimension_count; the activation
   is not in the file: HF's "gelu" (Pythia's; llama.cpp runs the tanh form).
 - ``olmo2``: nothing changed (output norms and full-width QK-norm map by name).
+- ``qwen2moe``, ``qwen3moe``: each layer's experts stacked in one tensor per matrix (ffn_gate_exps:
+  (n_experts, d_expert, d_model)); read.py takes one expert's rows from it (rows move whole, so
+  quantized stacks slice too).
 - ``phi3``: fused attn_qkv / ffn_up (gate; up) split by the phi3 key map; LongRoPE from the
   rope_factors_long/short tensors. llama.cpp picks the long factors when the context it was
   started with exceeds the original one, we (as transformers) when the sequence does: the same
@@ -91,6 +94,28 @@ def _no_windows(f: GGUFFile, name: str, hf: dict) -> dict:
     return {}
 
 
+def _moe(norm_topk: bool, shared: bool) -> Callable[[GGUFFile, str, dict], dict]:
+    """Qwen2-MoE / Qwen3-MoE experts: every layer routed (llama.cpp's graphs have no dense layers),
+    top-k weights renormalised or not as the graph fixes it (norm_w: true for qwen3moe, false for
+    qwen2moe), Qwen2-MoE's sigmoid-gated shared expert."""
+
+    def extra(f: GGUFFile, arch: str, hf: dict) -> dict:
+        out = {
+            "num_experts": f.require(f"{arch}.expert_count"),
+            "num_experts_per_tok": f.require(f"{arch}.expert_used_count"),
+            "moe_intermediate_size": f.require(f"{arch}.expert_feed_forward_length"),
+            "norm_topk_prob": norm_topk,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+        if shared:
+            out["shared_expert_intermediate_size"] = f.require(f"{arch}.expert_shared_feed_forward_length")
+            out["qkv_bias"] = hf["attention_bias"]
+        return out
+
+    return extra
+
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", permuted_qk=True),
     "qwen2": Arch("qwen2"),
@@ -118,6 +143,8 @@ ARCHS: dict[str, Arch] = {
         extra=lambda f, name, hf: {"hidden_act": "gelu"},
     ),
     "olmo2": Arch("olmo2", extra=_no_windows),
+    "qwen2moe": Arch("qwen2_moe", extra=_moe(norm_topk=False, shared=True)),
+    "qwen3moe": Arch("qwen3_moe", extra=_moe(norm_topk=True, shared=False)),
 }
 NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "output_norm", "attn_q_norm", "attn_k_norm")
 SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import Counter
 
 import torch
@@ -28,6 +29,7 @@ from .container import FLOAT_TYPES, GGUFFile, open_gguf
 from .weights import float_tensor, q4_0_linear, raw_rows
 
 logger = logging.getLogger(__name__)
+EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)\.weight")  # one expert's HF matrix: prefix, index, leaf
 
 
 def _plan(path: str | os.PathLike) -> tuple[GGUFFile, dict, object, ModelConfig]:
@@ -87,16 +89,20 @@ def from_gguf(
     keymap = family.keymap(cfg, None)
     ours = unique_state(model)
     theirs = keymap.to_theirs(ours).tensors  # HF name -> meta tensor (the shapes a folder would hold)
-    names = _gguf_names(f, theirs)
+    names, experts = _gguf_names(f, theirs)
     undo = row_transforms(arch_of(f)[0], hf, to_gguf=False)
 
     def rows(hf_name: str) -> Tensor:
         g = names[hf_name]
-        return undo.get(g.split(".")[-2], lambda t: t)(raw_rows(f, g))
+        raw = undo.get(g.split(".")[-2], lambda t: t)(raw_rows(f, g))
+        return raw[experts[hf_name]] if hf_name in experts else raw  # one expert's rows of the stacked tensor
 
-    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype) if quantized else {}
+    def tensor(hf_name: str) -> Tensor:
+        return float_tensor(f, names[hf_name], rows(hf_name), dtype, tuple(theirs[hf_name].shape))
+
+    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype, set(experts)) if quantized else {}
     rest = [n for n in theirs if n not in quantized]
-    state = keymap.to_ours(rest, lambda n: float_tensor(f, names[n], rows(n), dtype)).tensors
+    state = keymap.to_ours(rest, tensor).tensors
     assert set(state) | {k for ks in quantized.values() for k in ks} == set(ours), "a tensor was left unloaded"
     model.load_state_dict(state, strict=False, assign=True)
     model = materialize(model, cfg, device).to(device)
@@ -107,30 +113,40 @@ def from_gguf(
     return model
 
 
-def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> dict[str, str]:
-    """HF name -> GGUF name for every tensor the model needs; missing, mis-shaped and unknown
-    tensors all named in one ValueError."""
+def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> tuple[dict[str, str], dict[str, int]]:
+    """(HF name -> GGUF name, HF name of one expert -> its index in the GGUF tensor stacking all
+    experts) for every tensor the model needs; missing, mis-shaped and unknown tensors all named in
+    one ValueError."""
     arch_name, _ = arch_of(f)
     table = name_table(arch_name, f.require(f"{arch_name}.block_count"))
-    names, problems = {}, []
+    names, experts, problems = {}, {}, []
     for hf_name, meta in theirs.items():
-        g = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if g is None or g not in f.tensors:
+        one = EXPERT.fullmatch(hf_name)  # llama.cpp's converter stacks the experts: (n_experts, out, in)
+        g = table.get_name(f"{one[1]}.{one[3]}.weight" if one else hf_name, try_suffixes=(".weight", ".bias"))
+        shape = f.torch_shape(g) if g in f.tensors else None
+        if one and shape is not None:  # compare one expert's slice; an index past the stack never matches
+            experts[hf_name] = int(one[2])
+            shape = shape[1:] if experts[hf_name] < shape[0] else f"{shape}, holding no expert {one[2]}"
+        if g is None or shape is None:
             problems.append(f"missing tensor {g or hf_name!r}")
-        elif f.torch_shape(g) != tuple(meta.shape):
-            problems.append(
-                f"tensor {g!r} has shape {f.torch_shape(g)} (PyTorch order), the metadata implies {tuple(meta.shape)}"
-            )
+        elif _squeezed(shape) != _squeezed(tuple(meta.shape)):
+            problems.append(f"tensor {g!r} has shape {shape} (PyTorch order), the metadata implies {tuple(meta.shape)}")
         names[hf_name] = g
     unknown = sorted(set(f.tensors) - set(names.values()) - set(AUX_TENSORS))
     if unknown:
         problems.append(f"tensors this architecture does not have: {unknown}")
     if problems:
         raise ValueError(f"{f.path} does not fit its metadata:\n  - " + "\n  - ".join(problems))
-    return names
+    return names, experts
 
 
-def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype) -> dict[str, tuple[str, ...]]:
+def _squeezed(shape) -> tuple:
+    """A shape without its size-1 dimensions: llama.cpp's quantizer writes Qwen2-MoE's (1, d) shared
+    gate as (d,), the same numbers (loading reshapes to the model's shape)."""
+    return tuple(n for n in shape if n != 1) if isinstance(shape, tuple) else shape
+
+
+def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set) -> dict[str, tuple[str, ...]]:
     """Swap each projection stored as Q4_0 (and renamed as is by the key map) for an Int4Linear
     over the file's bytes. Returns HF name -> the state keys of ours it filled."""
     done: dict[str, tuple[str, ...]] = {}
@@ -140,13 +156,14 @@ def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype) -> dict[str, 
         hf_name = next(iter(plain.tensors), None)
         if len(plain.tensors) != 1 or plain.tensors[hf_name] is not lin.weight:
             continue  # fused or transformed by the key map: loaded as floats
-        if hf_name not in names or f.type_name(names[hf_name]) != "Q4_0":
-            continue  # a tied head (the embedding's tensor) or a type loaded as floats
+        if hf_name not in names or hf_name in experts or f.type_name(names[hf_name]) != "Q4_0":
+            continue  # a tied head (the embedding's tensor), an expert, or a type loaded as floats
         filled = (weight,)
         bias = None
         if lin.bias is not None:
             hf_bias = next(iter(keymap.to_theirs({f"{name}.bias": lin.bias}).tensors))
-            bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype), (weight, f"{name}.bias")
+            shape = f.torch_shape(names[hf_bias])
+            bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype, shape), (weight, f"{name}.bias")
             done[hf_bias] = ()
         module = q4_0_linear(rows(hf_name), tuple(lin.weight.shape), bias)
         parent, _, leaf = name.rpartition(".")

@@ -31,14 +31,15 @@ def raw_rows(f: GGUFFile, name: str) -> Tensor:
     return torch.from_numpy(data.copy())
 
 
-def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype) -> Tensor:
-    """The tensor in ``dtype`` from its rows (raw_rows, after any row transform)."""
+def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
+    """The tensor of ``shape`` in ``dtype`` from its rows (raw_rows, after any row transform or an
+    expert's slice)."""
     kind = f.type_name(name)
     if kind in FLOAT_TYPES:
-        return rows.reshape(f.torch_shape(name)).to(dtype)
+        return rows.reshape(shape).to(dtype)
     gguf = gguf_module()
     values = gguf.quants.dequantize(rows.numpy(), f.tensors[name].tensor_type)
-    return torch.from_numpy(values).reshape(f.torch_shape(name)).to(dtype)
+    return torch.from_numpy(values).reshape(shape).to(dtype)
 
 
 def q4_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int4Linear:
