@@ -83,3 +83,13 @@ def test_bad_preference_rows_are_named_by_line_before_any_work(tmp_path, row, me
     with pytest.raises(ValueError, match=message):
         train(_load(f"data.source={source}", f"train.out_dir={out}"))
     assert not out.exists()
+
+
+def test_moe_model_is_refused_before_training(tmp_path):
+    """A mixture-of-experts policy: its router losses are not part of the preference objectives yet."""
+    out = tmp_path / "run"
+    raw = apply_overrides(read_file("dpo-tiny"), [f"train.out_dir={out}", "train.device=cpu"])
+    raw["model"] = {"preset": "moe-tiny", "max_seq_len": 32}
+    with pytest.raises(ValueError, match=r"mixture-of-experts models are not supported with preference objectives"):
+        train(recipes.from_dict(raw))
+    assert not out.exists()

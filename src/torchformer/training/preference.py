@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import lora
+from ..nn.moe import MoEMLP
 from .batches import IGNORE, Batch
 
 # -- the losses, per pair ---------------------------------------------------------------------------
@@ -254,6 +255,11 @@ def build(recipe, model: nn.Module, reference: nn.Module | None) -> Preference:
     """The objective for ``train.objective``: DPO's reference is ``reference`` (finetune.reference),
     else the base with adapters off for a LoRA run, else a frozen copy of the model as it starts."""
     cfg = config(recipe.train.objective, recipe.preference)
+    if any(isinstance(m, MoEMLP) for m in model.modules()):  # its router losses are CausalLM's alone so far
+        raise ValueError(
+            f"train.objective={recipe.train.objective!r}: mixture-of-experts models are not supported with preference "
+            "objectives yet (the router's load-balancing loss would not be trained); use a dense model"
+        )
     if cfg.reference and reference is None and not lora.adapters(model):
         reference = copy.deepcopy(model)  # full fine-tuning: the starting weights, kept frozen
     return Preference(model, cfg, reference if cfg.reference else None)
