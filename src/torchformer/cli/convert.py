@@ -79,12 +79,13 @@ def run(args: argparse.Namespace) -> int:
                 f"--to-gguf {args.to_gguf!r}: no {TOKENIZER} beside the model; llama.cpp needs a vocabulary"
             )
         from ..interop.gguf.quantize import K_QUANTS, check_k_quant
+        from ..serve.chat import load_chat_template
 
         if args.outtype in K_QUANTS:
             check_k_quant(args.outtype)  # llama-cpp-python is there, before the model is read
-        chat = _chat_template(args.to_gguf)  # written for llama.cpp's server and Ollama to chat with
+        chat = load_chat_template(args.to_gguf)  # as serve finds it; written for llama.cpp's server and Ollama
         model, tokenizer = load_any(args.to_gguf), load_tokenizer(args.to_gguf)
-        out = to_gguf(model, args.out, dtype=args.outtype, tokenizer=tokenizer, chat_template=chat)
+        out = to_gguf(model, args.out, dtype=args.outtype, tokenizer=tokenizer, chat_template=chat and chat.source)
         kind = f"GGUF file ({args.outtype})"
     elif args.from_gguf is not None:
         from ..interop.gguf import from_gguf
@@ -126,20 +127,3 @@ def check_out(source: str, out: str) -> None:
 def _tokenizer(folder: str) -> dict[str, str]:
     file = Path(folder) / TOKENIZER
     return {TOKENIZER: file.read_text()} if file.is_file() else {}
-
-
-def _chat_template(folder: str) -> str | None:
-    """The folder's chat template text where serve finds it (serve/chat.py: chat_template.jinja,
-    else tokenizer_config.json's chat_template, a string or the "default" of a named list)."""
-    import json
-
-    from ..serve.chat import CONFIG_FILE, TEMPLATE_FILE
-
-    path = Path(folder)
-    if (path / TEMPLATE_FILE).is_file():
-        return (path / TEMPLATE_FILE).read_text()
-    config = json.loads((path / CONFIG_FILE).read_text()) if (path / CONFIG_FILE).is_file() else {}
-    source = config.get("chat_template")
-    if isinstance(source, list):
-        source = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}.get("default")
-    return source if isinstance(source, str) and source else None
