@@ -1,0 +1,108 @@
+"""CPU time of one decode step at one thread: torchformer against llama.cpp, format for format
+(issue 25), on the engines benchmark's models (benchmarks/engines.py builds and caches them).
+
+Wall-clock tokens/s on a shared 2-core machine measure the neighbours as much as the engine; the
+CPU time a single-threaded process spends per step moves far less with them (it still pays for a
+shared L3 and memory bus, so absolute values run high when the machine is busy). Per step =
+(CPU time of a 48-token greedy generate - that of a 16-token one) / 32, so the prompt's prefill
+cancels out. Each (system, format) runs in a process of its own (a compiled step compiles there
+once, the inductor cache shared), the systems interleaved per round, best of the rounds.
+
+    python -m benchmarks.step_cpu --shape toy --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+from benchmarks import engines
+
+RESULT = "STEP-CPU "
+LONG, SHORT = 48, 16  # new tokens; per step = the difference over LONG - SHORT steps
+
+
+def systems(shape: str, formats: list[str]) -> list[tuple[str, str, dict]]:
+    """(label, runner, spec) per system and format; llama.cpp's file for each format."""
+    cache, out = engines.CACHE, []
+    folder = engines.hf_folder(shape, cache)
+    for fmt in formats:
+        scheme, kinds, _ = engines.FORMATS[fmt]
+        spec = {"threads": 1, "folder": str(folder), "scheme": scheme, "group_size": 64, "mode": "compiled"}
+        out.append((f"torchformer {fmt} compiled", "torchformer", spec))
+        gguf = engines.gguf_file(shape, kinds[0], cache)
+        out.append((f"llama.cpp {kinds[0]}", "llama.cpp", {"gguf": str(gguf), "threads": 1, "batches": [1],
+                                                           "context": 256, "prompts": [64]}))  # fmt: skip
+    return out
+
+
+def worker(runner: str, spec: dict, vocab: int, repeats: int) -> dict:
+    """In the child: warm up, then the best per-step CPU ms over ``repeats`` pairs of generates."""
+    engine = engines.RUNNERS[runner](spec)
+    ids = engines.prompt_ids(1, 64, vocab)
+
+    def cpu(n: int) -> float:
+        c0 = time.process_time()
+        engine.generate(ids, n)
+        return time.process_time() - c0
+
+    cpu(LONG)  # compiles (torchformer) and faults the weights in
+    best = min((cpu(LONG) - cpu(SHORT)) / (LONG - SHORT) for _ in range(repeats))
+    return {"cpu_ms": 1000 * best}
+
+
+def run_child(runner: str, spec: dict, vocab: int, repeats: int) -> float | None:
+    args = [sys.executable, "-m", "benchmarks.step_cpu", "--child", json.dumps([runner, spec, vocab, repeats])]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :])["cpu_ms"]
+    engines.log(f"{runner} failed: {proc.stderr[-2000:]}")
+    return None
+
+
+def table(rows: dict[str, list[float]], pairs: list[tuple[str, str]], rounds: int) -> str:
+    lines = ["| format | torchformer (CPU ms / step) | llama.cpp (CPU ms / step) | torchformer / llama.cpp time |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for ours, theirs in pairs:
+        a, b = min(rows[ours], default=None), min(rows[theirs], default=None)
+        ratio = f"{a / b:.2f}x" if a and b else "-"
+        lines.append(f"| {ours.split()[1]} vs {theirs.split()[1]} | {a:.2f} | {b:.2f} | {ratio} |")
+    lines.append(f"\nbest of {rounds} interleaved round(s), each the best of 3 pairs of generates in one process")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", default="toy", choices=sorted(engines.SHAPES))
+    p.add_argument("--formats", default="bf16,int8,int4")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        runner, spec, vocab, repeats = json.loads(args.child)
+        print(RESULT + json.dumps(worker(runner, spec, vocab, repeats)), flush=True)
+        return 0
+    missing = engines.engines_available(["llama.cpp"])["llama.cpp"]
+    if missing:
+        print(f"skipped: {missing} ({engines.INSTALL_HINT})")
+        return 0
+    found = systems(args.shape, args.formats.split(","))
+    rows: dict[str, list[float]] = {label: [] for label, _, _ in found}
+    vocab = engines.SHAPES[args.shape]["vocab"]
+    for r in range(args.rounds):
+        for label, runner, spec in found:
+            ms = run_child(runner, spec, vocab, 3)
+            engines.log(f"round {r + 1}: {label}: {ms} CPU ms a step")
+            if ms is not None:
+                rows[label].append(ms)
+    pairs = [(found[i][0], found[i + 1][0]) for i in range(0, len(found), 2)]
+    print(table(rows, pairs, args.rounds))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
