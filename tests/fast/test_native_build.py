@@ -15,6 +15,21 @@ def test_build_folder_is_keyed_by_source_flags_and_environment(tmp_path, monkeyp
     assert native.build_folder(tmp_path) != a  # other flags: another folder, no rebuild ping-pong
 
 
+def test_another_checkout_gets_its_own_build_folder(tmp_path, monkeypatch):
+    """The same sources at another path (a second clone): ninja's build file names sources by path,
+    so a shared folder would be rebuilt for each checkout in turn."""
+    a = native.build_folder(tmp_path)
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    copies = []
+    for source in native.SOURCES:
+        copy = clone / source.name
+        copy.write_bytes(source.read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(native, "SOURCES", copies)
+    assert native.build_folder(tmp_path) != a
+
+
 def test_a_lock_left_by_a_killed_build_is_removed(tmp_path):
     (tmp_path / "lock").touch()  # fresh: the age rule alone would wait on it
     with native.build_lock(tmp_path):

@@ -9,7 +9,8 @@
 
 Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
 extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,
-flags, torch version and environment, so checkouts and venvs never rebuild each other's copy.
+flags, torch version, source folder and environment, so checkouts and venvs never rebuild each
+other's copy.
 The build always runs the ``ninja`` of the ``ninja`` package when it is installed, whatever PATH
 says: ninja 1.11 and 1.13 hash the same command differently in ``.ninja_log``, so a process that
 found /usr/bin/ninja (1.11) and one that found the venv's (1.13) each rebuilt the other's build,
@@ -75,11 +76,14 @@ def build_root() -> Path:
 
 
 def build_folder(root: Path) -> Path:
-    """This source's build folder: one per (source, flags, torch, environment)."""
+    """This source's build folder: one per (source and its folder, flags, torch, environment)."""
     key = hashlib.sha256(
         b"\0".join(
             [
                 *(s.read_bytes() for s in SOURCES),
+                # ninja's build file names the sources by path: two checkouts sharing a folder
+                # would rebuild it for each other (minutes each, under the lock) at every switch.
+                str(SOURCES[0].parent.resolve()).encode(),
                 " ".join(FLAGS).encode(),
                 torch.__version__.encode(),
                 sys.prefix.encode(),
