@@ -58,10 +58,8 @@ def test_bad_arguments_are_refused(kernel):
         kernel.decode_attention(torch.randn(1, 2, 2, 16), k, k, None, 4, 1.0)
 
 
-@torch.inference_mode()
-def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
-    import torchformer as tfm
-
+def spy_on(kernel, monkeypatch) -> list[str]:
+    """Route fast/attention.py's kernels through a spy; returns the list each decode call appends to."""
     calls = []
 
     class Spy:
@@ -71,6 +69,14 @@ def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
             return getattr(kernel, name)
 
     monkeypatch.setattr(attention, "kernels", lambda: Spy())
+    return calls
+
+
+@torch.inference_mode()
+def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
+    import torchformer as tfm
+
+    calls = spy_on(kernel, monkeypatch)
     cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
     net = tfm.build_model(cfg).eval()
     ids = torch.randint(0, 97, (2, 7))
@@ -140,15 +146,7 @@ def test_a_bf16_cache_the_kernel_cannot_take_goes_to_sdpa(kernel):
 def test_a_bf16_model_decodes_through_the_kernel(kernel, monkeypatch):
     import torchformer as tfm
 
-    calls = []
-
-    class Spy:
-        def __getattr__(self, name):
-            if name == "decode_attention":
-                calls.append(name)
-            return getattr(kernel, name)
-
-    monkeypatch.setattr(attention, "kernels", lambda: Spy())
+    calls = spy_on(kernel, monkeypatch)
     cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
     torch.manual_seed(0)
     net = tfm.build_model(cfg).eval().to(torch.bfloat16)
