@@ -12,3 +12,12 @@ torch.set_num_threads(int(os.environ.get("TORCHFORMER_TEST_THREADS", "1")))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_sessionstart(session):
+    """Build the native CPU kernels once, before any test (fast/native.py; ~35-75 s on 2 cores, a
+    no-op once built or with TORCHFORMER_NATIVE=0). A test that met the build first waited on it
+    under the lock: a server under test answered /health 503 past its 60 s readiness limit."""
+    from torchformer.fast import native
+
+    native.kernels()
