@@ -105,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     if recipe.train.sample_chars and recipe.data.task == "lm":
         from ..training.sample import sample_text
 
-        text = sample_text(result.model, result.tokenizer, recipe.train.sample_prompt, recipe.train.sample_chars,
-                           temperature=recipe.train.sample_temperature, seed=recipe.train.seed)  # fmt: skip
+        # train() made it already when trackers were sent it (train.log_to); the same call otherwise.
+        text = result.sample or sample_text(result.model, result.tokenizer, recipe.train.sample_prompt,
+                                            recipe.train.sample_chars, temperature=recipe.train.sample_temperature,
+                                            seed=recipe.train.seed)  # fmt: skip
         print("-" * 72 + "\n" + text + "\n" + "-" * 72)
     return 0

@@ -35,8 +35,10 @@ from .data import PairData, prepare
 from .losses import ARCH_OF_TASK, OBJECTIVES
 from .optim import adamw
 from .recipe import Recipe, check
-from .report import Reporter, append_metrics, perplexity, plot_losses, read_metrics, truncate_metrics
+from .report import Reporter, append_metrics, plot_losses, read_metrics, truncate_metrics
+from .run_state import restore, resume_point, save_state
 from .schedules import Schedule
+from .validation import validate
 
 
 class NonFiniteLoss(RuntimeError):
@@ -52,6 +54,7 @@ class Result:
     tokenizer: object
     data: object  # TextData | PairData: the tokenized splits
     metrics: list[dict] = field(default_factory=list)
+    sample: str | None = None  # the final sample, when train.log_to's trackers were sent it
 
 
 def train(
@@ -185,21 +188,22 @@ def train(
                 break
         if rt.is_main and step > start:
             sinks.image("loss", plot_losses(metrics_file, out / "loss.png"))
-        if sinks and t.sample_chars and task == "lm":  # the sample the CLI prints, for the trackers too
-            from .sample import sample_text
-
-            sinks.text("sample", sample_text(model, tok, t.sample_prompt, t.sample_chars,
-                                             temperature=t.sample_temperature, seed=t.seed))  # fmt: skip
         if rt.is_main:
             finetune.export(recipe, model, out)  # LoRA: the merged model and a PEFT adapter in the run folder
+        sample = None
+        if sinks and t.sample_chars and task == "lm":  # the sample the CLI prints (Result.sample), for the trackers
+            from .sample import sample_text
+
+            sample = sample_text(model, tok, t.sample_prompt, t.sample_chars, temperature=t.sample_temperature,
+                                 seed=t.seed)  # fmt: skip
+            sinks.text("sample", sample)
         scored = finetune.evaluate_file(recipe, model, tok, out) if rt.is_main else None  # data.eval_file
         if scored is not None:
             reporter.message(f"eval {scored}")
         reporter.close()
         metrics = read_metrics(metrics_file)
-        return Result(
-            step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data, metrics=metrics
-        )
+        return Result(step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data,
+                      metrics=metrics, sample=sample)  # fmt: skip
 
 
 # -- the pieces, in the order train() uses them ---------------------------------------------------
@@ -260,35 +264,6 @@ def checkpoint_blocks(model: nn.Module) -> None:
             block.forward = partial(checkpoint, block.forward, use_reentrant=False)
 
 
-def resume_point(resume: str | None, out: Path) -> Path | None:
-    if resume is None:
-        return None
-    if resume == "auto":
-        return ckpt.latest_checkpoint(out)  # None: nothing to resume, start fresh
-    path = Path(resume)
-    if not path.is_dir():
-        raise FileNotFoundError(f"--resume {resume!r}: no such checkpoint folder (or use --resume auto)")
-    return path
-
-
-def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy: str, facts: dict):
-    """Weights, optimizer, this rank's RNG; returns (step, elapsed seconds, running loss window)."""
-    saved = ckpt.load_checkpoint(path)
-    state = saved["state"]
-    determinism.warn_if_different(state.get("run", {}), facts, path)
-    optim_state = ckpt.optimizer_state(saved["optim"], state["optimizer"])
-    if not dist.scatter_state(model, optimizer, saved["model"], optim_state, strategy, rt.world):
-        finetune.load_weights(model, {k: v.to(rt.device) for k, v in saved["model"].items()}, ckpt.load_model_state)
-        optimizer.load_state_dict(optim_state)
-    rng = ckpt.rank_rng(saved["rng"], rt.rank)
-    if rng is not None:
-        ckpt.restore_rng(rng, rt.device)
-    else:  # saved by another world size: a fresh, distinct dropout stream per rank (not bit-exact)
-        torch.manual_seed(state["seed"] + rt.rank + 7919 * state["step"])
-    window = state.get("window", [0.0, 0])
-    return state["step"], state["elapsed_s"], (window[0], window[1])
-
-
 def autocast(precision: str, device: torch.device):
     """bf16 autocast on CUDA by default (weights and optimizer stay fp32); fp32 elsewhere, since
     CPUs without bf16 units run bf16 matmuls ~100x slower."""
@@ -313,46 +288,3 @@ def accumulate(step_fn, batch, rt: dist.Runtime, accum: int, amp) -> tuple[float
         (loss * (rt.world / max(1, total))).backward()
         loss_sum += loss.detach()
     return float(loss_sum), n_targets(local)
-
-
-def validate(objective: nn.Module, evals, device: torch.device, amp) -> dict:
-    """An evaluation row's measures: val_loss and val_ppl; a preference objective's rewards and
-    accuracies beside them (its val_ppl is exp of the preference loss, kept for one row shape)."""
-    if isinstance(objective, preference.Preference):
-        measured = preference.validate(objective, evals, device, amp)
-        return {"val_loss": measured["val_loss"], "val_ppl": perplexity(measured["val_loss"]), **measured}
-    val_loss = evaluate(objective, evals, device, amp)
-    return {"val_loss": val_loss, "val_ppl": perplexity(val_loss)}
-
-
-@torch.no_grad()
-def evaluate(objective: nn.Module, evals, device: torch.device, amp) -> float:
-    """Mean validation loss per target token (no label smoothing: a true NLL, so exp() is perplexity)."""
-    was = objective.training
-    objective.eval()
-    total, count = 0.0, 0
-    for batch in evals:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with amp():
-            total += float(objective(batch, smoothing=0.0))
-        count += n_targets(batch)
-    objective.train(was)
-    return total / max(1, count)
-
-
-def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe: Recipe, out: Path, model, optimizer,
-               tok, rt, facts: dict) -> None:  # fmt: skip
-    weights, optim_state = dist.gather_state(model, optimizer, recipe.dist.strategy, rt.world)  # all ranks
-    weights_file, weights = finetune.saved_weights(model, weights)  # LoRA: the adapters alone
-    rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every rank's dropout stream, collected on rank 0
-    if not rt.is_main:
-        dist.barrier()
-        return
-    state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
-             "tokenizer_kind": tok.kind, "window": list(window), "run": facts,
-             "finetune": finetune.lora_record(recipe)}  # fmt: skip
-    ckpt.save_checkpoint(out, step, model_state=weights, config=model.config.to_dict(),
-                         tokenizer_json=tok.to_json(), optim=ckpt.optimizer_tensors(optim_state),
-                         rng=rng, state=state, keep_last=recipe.train.keep_last,
-                         weights_file=weights_file or None)  # fmt: skip
-    dist.barrier()
