@@ -1,7 +1,13 @@
-"""Devices and data parallelism. Under ``torchrun`` (WORLD_SIZE > 1 in the environment) the
-process group is initialised from torchrun's variables: NCCL on CUDA, gloo on CPU. Strategy
+"""Devices, data and tensor parallelism. Under ``torchrun`` (WORLD_SIZE > 1 in the environment)
+the process group is initialised from torchrun's variables: NCCL on CUDA, gloo on CPU. Strategy
 ``ddp`` wraps the objective in DistributedDataParallel; ``fsdp`` shards every block and then the
-whole model with FSDP2's ``fully_shard``. Only rank 0 logs and writes checkpoints.
+whole model with FSDP2's ``fully_shard``; ``tp`` splits every block over all ranks (parallel/,
+``dist.tp`` = the world size); ``fsdp+tp`` makes a 2-D mesh (data, tp): TP inside groups of
+``dist.tp`` ranks, FSDP2 across the groups. Only rank 0 logs and writes checkpoints.
+
+``Runtime.rank`` / ``world`` are the DATA-parallel rank and degree (which rows of a batch a rank
+reads, its dropout stream): the ranks of one TP group read the same rows with the same dropout,
+since they compute one model together.
 """
 
 from __future__ import annotations
@@ -14,19 +20,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "tp", "fsdp+tp")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 
 
 @dataclass(frozen=True)
 class Runtime:
-    rank: int
-    world: int
+    rank: int  # data-parallel rank (module docstring)
+    world: int  # data-parallel degree
     device: torch.device
+    tp: int = 1  # ranks per tensor-parallel group
+    global_rank: int | None = None  # the process's rank in the whole group (None: rank)
+    mesh: object = None  # DeviceMesh ("dp", "tp") when tp > 1
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return (self.rank if self.global_rank is None else self.global_rank) == 0
 
 
 def pick_device(name: str, local_rank: int = 0) -> torch.device:
@@ -43,9 +52,30 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device(name)
 
 
-def setup(device: str) -> Runtime:
-    """Initialise the process group when launched by torchrun; otherwise a single process."""
+def check_layout(strategy: str, tp: int, world: int) -> None:
+    """dist.strategy / dist.tp against the launch's world size, before any work."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"dist.strategy={strategy!r}: must be one of {list(STRATEGIES)}")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"dist.tp={tp!r}: must be an integer >= 1")
+    if "tp" not in strategy:
+        if tp != 1:
+            raise ValueError(f"dist.tp={tp} needs dist.strategy 'tp' or 'fsdp+tp', not {strategy!r}")
+        return
+    if world == 1:
+        raise ValueError(f"dist.strategy={strategy!r} needs several processes: launch with torchrun --nproc_per_node N")
+    if strategy == "tp" and tp not in (1, world):
+        raise ValueError(f"dist.tp={tp}: with dist.strategy 'tp' every rank is in the TP group (tp = world = {world})")
+    if strategy == "fsdp+tp" and (tp < 2 or world % tp or world == tp):
+        raise ValueError(f"dist.tp={tp}: 'fsdp+tp' needs 2 <= tp < world={world} with tp dividing the world "
+                         "(or use dist.strategy 'tp')")  # fmt: skip
+
+
+def setup(device: str, strategy: str = "ddp", tp: int = 1) -> Runtime:
+    """Initialise the process group when launched by torchrun; otherwise a single process. With a
+    tensor-parallel strategy, also the (dp, tp) device mesh and the data-parallel rank/degree."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    check_layout(strategy, tp, world)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = pick_device(device, local_rank)
     if world > 1 and not dist.is_initialized():
@@ -53,7 +83,14 @@ def setup(device: str) -> Runtime:
             torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     rank = dist.get_rank() if dist.is_initialized() else 0
-    return Runtime(rank=rank, world=dist.get_world_size() if dist.is_initialized() else 1, device=dev)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if "tp" not in strategy:
+        return Runtime(rank=rank, world=world, device=dev)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    tp = world if strategy == "tp" else tp
+    mesh = init_device_mesh(dev.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))  # ranks dp * tp + t
+    return Runtime(rank=rank // tp, world=world // tp, device=dev, tp=tp, global_rank=rank, mesh=mesh)
 
 
 def teardown() -> None:
@@ -67,9 +104,14 @@ def barrier() -> None:
 
 
 def wrap(objective: nn.Module, rt: Runtime, strategy: str) -> nn.Module:
-    """The objective as trained: unchanged on one process, DDP or FSDP2 on several."""
+    """The objective as trained: unchanged on one process, DDP or FSDP2 on several; with TP the
+    model is split first (parallel/), then FSDP2 shards it over the data dimension of the mesh."""
     if strategy not in STRATEGIES:
         raise ValueError(f"dist.strategy={strategy!r}: must be one of {list(STRATEGIES)}")
+    if rt.tp > 1:
+        from ..parallel.apply import parallelize
+
+        parallelize(objective.model, rt.mesh["tp"], loss_parallel=True)  # logits stay sharded into the loss
     if rt.world == 1:
         return objective
     if strategy == "ddp":
@@ -77,11 +119,12 @@ def wrap(objective: nn.Module, rt: Runtime, strategy: str) -> nn.Module:
         return nn.parallel.DistributedDataParallel(objective, device_ids=ids)
     from torch.distributed.fsdp import fully_shard
 
+    mesh = rt.mesh["dp"] if rt.mesh is not None else None  # None: FSDP2 over the whole group
     model = objective.model
     for blocks in (getattr(model, name).blocks for name in ("stack", "encoder", "decoder") if hasattr(model, name)):
         for block in blocks:
-            fully_shard(block)
-    fully_shard(objective)
+            fully_shard(block, mesh=mesh)
+    fully_shard(objective, mesh=mesh)
     return objective
 
 
@@ -105,11 +148,17 @@ def _resync(wrapped: nn.Module):
         wrapped.set_requires_gradient_sync(True)
 
 
+def sharded(strategy: str, world: int) -> bool:
+    """Whether the weights are DTensors (FSDP over several ranks, or any TP): whole state goes
+    through torch.distributed.checkpoint's state-dict API. ``world``: the data-parallel degree."""
+    return "tp" in strategy or (strategy == "fsdp" and world > 1)
+
+
 def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: str, world: int):
     """(weights with tied tensors once, optimizer state dict), whole, for a checkpoint. With FSDP
     this gathers the shards: a collective, so every rank must call it."""
     names = [n for n, _ in model.named_parameters()]  # tied tensors appear once, under their first name
-    if world == 1 or strategy == "ddp":
+    if not sharded(strategy, world):
         return {n: p.detach().contiguous() for n, p in model.named_parameters()}, optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
@@ -120,20 +169,21 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: s
 def gather_rng(local: dict[str, torch.Tensor], rt: Runtime) -> dict[str, torch.Tensor]:
     """Every rank's RNG states, for rank 0 to save: rank 0's under their own names, rank r's as
     ``name.rank{r}`` (checkpoint.rank_rng reads them back). A collective: every rank calls it."""
-    if rt.world == 1:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
         return local
     out = dict(local)
     for name, state in sorted(local.items()):
         on_wire = state.to(rt.device)  # NCCL moves CUDA tensors only; gloo, CPU ones
-        parts = [torch.empty_like(on_wire) for _ in range(rt.world)]
+        parts = [torch.empty_like(on_wire) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, on_wire)
-        out.update({f"{name}.rank{r}": parts[r].cpu() for r in range(1, rt.world)})
+        # One stream per data-parallel rank: the ranks of a TP group (global ranks r*tp .. r*tp+tp-1) share it.
+        out.update({f"{name}.rank{r}": parts[r * rt.tp].cpu() for r in range(1, rt.world)})
     return out
 
 
 def scatter_state(model: nn.Module, optimizer, weights: dict, optim_state: dict, strategy: str, world: int) -> bool:
-    """Load whole saved state into a sharded (FSDP) model; False when not sharded (caller loads)."""
-    if world == 1 or strategy == "ddp":
+    """Load whole saved state into a sharded (FSDP, TP) model; False when not sharded (caller loads)."""
+    if not sharded(strategy, world):
         return False
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
