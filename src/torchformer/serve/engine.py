@@ -240,8 +240,10 @@ class Engine(Scheduler):
         return self.calls.put(lambda: embed_ids(self.model, rows, **settings, batch_size=32).tolist())
 
     def loop(self) -> None:
+        start = time.thread_time()  # CPU time is per thread: read here, on the engine thread
         while not self.stopping:
             self.beat = time.monotonic()
+            self.metrics.engine_cpu = time.thread_time() - start
             self.calls.run()
             self.drop()
             self.admit()

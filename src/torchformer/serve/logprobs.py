@@ -1,8 +1,8 @@
 """Log-probabilities of tokens, as the OpenAI API reports them: the model's own distribution,
 ``log_softmax`` of the raw logits, before any sampling processor (temperature, top-k/p, min-p,
 penalties), so a token's value does not depend on how it was chosen (vLLM's default,
-``logprobs_mode`` raw_logprobs). Computed on the engine thread, one host read per step; the
-app shapes them (logprob_shapes.py).
+``logprobs_mode`` raw_logprobs). Computed on the engine thread, batched over the rows that asked,
+one host read per step; the app shapes them (logprob_shapes.py).
 
 Legend: N tokens scored together, V vocabulary, k alternatives per token.
 """
@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from .topk import top_k
+
 
 class TokenLogprob(NamedTuple):
     token: int
@@ -22,15 +24,16 @@ class TokenLogprob(NamedTuple):
 
 
 def score(logits: Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
-    """logits (N, V) predicting ``tokens`` (N ids) -> each token's logprob and the top ``k``."""
+    """logits (N, V) predicting ``tokens`` (N ids) -> each token's logprob and the top ``k``: one
+    log_softmax, top-k read in blocks (topk.py: 2-6x torch's own on the CPU) and one host read of
+    every value (the engine thread pays this each step)."""
     lp = logits.float().log_softmax(-1)  # (N, V)
-    index = torch.tensor(tokens, device=lp.device)[:, None]  # (N, 1)
-    chosen = lp.gather(-1, index)[:, 0].tolist()
+    picked = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])  # (N, 1)
     if k == 0:
-        return [TokenLogprob(t, c, ()) for t, c in zip(tokens, chosen)]
-    values, ids = lp.topk(k, dim=-1)  # (N, k) each
-    tops = [tuple(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
-    return [TokenLogprob(t, c, top) for t, c, top in zip(tokens, chosen, tops)]
+        return [TokenLogprob(t, v[0], ()) for t, v in zip(tokens, picked.tolist())]
+    values, ids = top_k(lp, k)  # (N, k) each
+    rows = torch.cat([picked, values], 1).tolist()  # (N, 1 + k): the chosen one, then the top k
+    return [TokenLogprob(t, r[0], tuple(zip(i, r[1:]))) for t, r, i in zip(tokens, rows, ids.tolist())]
 
 
 def prompt_logprobs(model, hidden: Tensor, prompt: list[int], k: int) -> list[TokenLogprob]:
@@ -45,6 +48,10 @@ def prompt_logprobs(model, hidden: Tensor, prompt: list[int], k: int) -> list[To
 
 def step_logprobs(logits: Tensor, rows: list[int], tokens: list[int], ks: list[int]) -> list[TokenLogprob]:
     """A decode step's logits (n, V) -> the chosen ``tokens`` of ``rows``, each row with its own
-    number of alternatives ``ks`` (one top-k at the largest, then cut)."""
-    entries = score(logits[rows], tokens, max(ks))
+    number of alternatives ``ks`` (one top-k at the largest, then cut). All n rows asking (the
+    usual case at full load) read the logits as they are, with no (m, V) copy of the rows."""
+    every = rows == list(range(logits.shape[0]))
+    entries = score(logits if every else logits[rows], tokens, max(ks))
+    if min(ks) == max(ks):
+        return entries
     return [e._replace(top=e.top[:k]) for e, k in zip(entries, ks)]

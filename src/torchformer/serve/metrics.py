@@ -6,12 +6,17 @@ What inference gateways and routers scrape, next to vLLM's names (docs/tutorials
 ``kv_cache_usage_perc`` (vllm:kv_cache_usage_perc, formerly gpu_cache_usage_perc: a fraction in
 [0, 1] of the cache's positions that running requests hold), ``prefix_cache_hits_total`` and
 ``prefix_cache_queries_total`` (vllm:prefix_cache_hits / prefix_cache_queries: prompt tokens found
-in a row's cache and not prefilled (prefix.py) / prompt tokens of the prefilled requests)."""
+in a row's cache and not prefilled (prefix.py) / prompt tokens of the prefilled requests).
+``engine_cpu_seconds_total`` (the engine thread's CPU time: forwards, sampling, grammar masks,
+logprobs) and ``process_cpu_seconds_total`` (the whole server's, Prometheus' standard name)
+tell how busy the engine is apart from the neighbours' load (benchmarks/serve_features.py reads
+them per generated token)."""
 
 from __future__ import annotations
 
 import bisect
 import threading
+import time
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -47,6 +52,7 @@ class Metrics:
         self.prefix_queries, self.prefix_hits = 0, 0  # prompt tokens looked up / found in a row's cache
         self.ttft = Histogram()
         self.inter_token = Histogram()
+        self.engine_cpu = 0.0  # seconds; set by the engine thread at each turn of its loop (one float store)
 
     def finish(self, reason: str) -> None:
         with self.lock:
@@ -86,6 +92,10 @@ class Metrics:
                 f"{p}_prompt_tokens_total {self.prompt_tokens}",
                 f"# TYPE {p}_generation_tokens_total counter",
                 f"{p}_generation_tokens_total {self.completion_tokens}",
+                f"# TYPE {p}_engine_cpu_seconds_total counter",
+                f"{p}_engine_cpu_seconds_total {self.engine_cpu!r}",
+                f"# TYPE {p}_process_cpu_seconds_total counter",
+                f"{p}_process_cpu_seconds_total {time.process_time()!r}",
                 f"# TYPE {p}_time_to_first_token_seconds histogram",
                 *self.ttft.lines(f"{p}_time_to_first_token_seconds"),
                 f"# TYPE {p}_inter_token_seconds histogram",

@@ -17,6 +17,7 @@ from .jobs import Job, Prompt
 from .logprobs import step_logprobs
 from .protocol import APIError, shutting_down
 from .rows import prefill_batches, prefill_rows, rows_view, span
+from .topk import argmax
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,7 @@ class Scheduler:
             return
         if length < self.cache.max_len:  # the idle rows' dummy keys went to slot ``length`` (prefix.py)
             self.held.written([r for r, j in enumerate(rows) if j is None], length)
-        tokens = logits.argmax(-1)  # (n,): the choice of every greedy row
+        tokens = argmax(logits)  # (n,): the choice of every greedy row (topk.py: torch's argmax, faster)
         failed = set()
         masked = [j for j in jobs if j.masked_greedy]
         if masked:  # greedy under a grammar: all such rows in one masked argmax
