@@ -21,7 +21,7 @@ from functools import cache
 import torch
 
 import torchformer as tfm
-from torchformer.config import YaRN
+from torchformer.configs import YaRN
 
 AXES: dict[str, tuple] = {
     "arch": ("decoder", "encoder", "encoder_decoder"),

@@ -6,7 +6,7 @@ import json
 import pytest
 
 import torchformer as tfm
-from torchformer.config import default_d_ff
+from torchformer.configs import default_d_ff
 
 from . import grid
 

@@ -6,7 +6,7 @@ The public surface (DESIGN section 5) is re-exported here; no logic lives in thi
 from . import analysis, lora, presets
 from ._version import __version__
 from .analysis.accounting import count_params, flops_per_token, kv_cache_bytes
-from .config import (
+from .configs import (
     ALiBi,
     AttentionConfig,
     BlockConfig,

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from . import presets
-from .config import ModelConfig
+from .configs import ModelConfig
 from .extras import require
 from .models.build import build_model
 from .models.saving import (

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from .config import (
+from .configs import (
     AttentionConfig,
     BlockConfig,
     LatentAttention,

@@ -6,7 +6,7 @@ figures (gpt2-small 124,439,808; llama2-7b 6,738,415,616).
 
 from __future__ import annotations
 
-from .config import (
+from .configs import (
     AttentionConfig,
     BlockConfig,
     LayerKind,

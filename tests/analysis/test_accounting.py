@@ -18,7 +18,7 @@ from torchformer.analysis import (
     param_breakdown,
     training_bytes,
 )
-from torchformer.config import GATED, Learned
+from torchformer.configs import GATED, Learned
 
 
 def params_by_formula(cfg: tfm.ModelConfig) -> int:

@@ -193,7 +193,7 @@ def test_unsupported_checkpoint_settings_fail_before_any_tensor_is_read(family, 
 
 def test_layer_kinds_the_format_cannot_say_are_refused(tmp_path):
     import torchformer as tfm
-    from torchformer.config import LayerKind
+    from torchformer.configs import LayerKind
     from torchformer.interop import to_hf
 
     cfg = config_from_hf(family_config("qwen3", tmp_path / "cfg")).replace(

@@ -162,7 +162,7 @@ def test_to_hf_refuses_a_dense_model_as_mixtral(tmp_path):
 
 def test_sparse_step_and_dense_first_read_as_layer_kinds(family):
     from torchformer.interop import hf_deepseek, hf_qwen3_moe
-    from torchformer.layer_configs import resolve_kinds
+    from torchformer.models.kinds import resolve_kinds
 
     def mlps(cfg):
         kinds, index = resolve_kinds(cfg, cfg.n_layers)

@@ -12,7 +12,7 @@ import torch
 import transformers as T
 
 import torchformer as tfm
-from torchformer.config import AttentionConfig, BlockConfig
+from torchformer.configs import AttentionConfig, BlockConfig
 from torchformer.interop import config_from_hf, from_hf, to_hf
 
 from . import family_checks as fc

@@ -9,7 +9,7 @@ import torch
 import transformers as T
 
 import torchformer as tfm
-from torchformer.config import LongRoPE
+from torchformer.configs import LongRoPE
 from torchformer.interop import config_from_hf
 
 from . import family_checks as fc

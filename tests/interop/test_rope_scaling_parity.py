@@ -16,7 +16,7 @@ import torch
 import transformers as T
 
 import torchformer as tfm
-from torchformer.config import DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, RoPE, YaRN
+from torchformer.configs import DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, RoPE, YaRN
 from torchformer.interop import config_from_hf, from_hf, to_hf
 
 from .test_parity import hf_positions, left_padded, until_eos

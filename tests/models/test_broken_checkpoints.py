@@ -117,7 +117,7 @@ def test_save_never_replaces_a_file(ckpt, tmp_path):
 
 
 def test_a_model_larger_than_memory_is_refused_before_it_is_built():
-    from torchformer.models.checks import check_fits_memory
+    from torchformer.models.sizing import check_fits_memory
 
     cfg = tfm.presets.get("llama-tiny")
     t0 = time.perf_counter()

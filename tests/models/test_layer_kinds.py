@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torchformer as tfm
-from torchformer.config import LayerKind, layer_pattern
+from torchformer.configs import LayerKind, layer_pattern
 from torchformer.models.stack import times_in_dtype
 
 V, D, L = 61, 32, 4

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torchformer as tfm
-from torchformer.config import AttentionConfig, BlockConfig, LatentAttention, LayerKind, ModelConfig, MoE, RoPE
+from torchformer.configs import AttentionConfig, BlockConfig, LatentAttention, LayerKind, ModelConfig, MoE, RoPE
 from torchformer.nn.moe import MoEMLP
 
 MOES = {

@@ -24,7 +24,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding, apply_rotary_pos_emb
 
 import torchformer as tfm
-from torchformer.config import SCALING_KINDS, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, RoPE, YaRN
+from torchformer.configs import SCALING_KINDS, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, RoPE, YaRN
 from torchformer.models.build import rotary
 from torchformer.nn import rope_scaling as rs
 

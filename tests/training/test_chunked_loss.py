@@ -1,4 +1,4 @@
-"""The chunked cross-entropy (training/losses.py) equals torch's plain F.cross_entropy: the summed
+"""The chunked cross-entropy (nn/loss.py) equals torch's plain F.cross_entropy: the summed
 loss and the logits' gradient, over shapes, label smoothing, ignored (-100) rows, chunk sizes that
 do and do not divide the rows, and reduced-precision logits; and it keeps for backward only the
 logits plus per-row numbers (no second logits-sized tensor). Bad arguments are refused."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchformer.training import losses
+from torchformer.nn import loss as losses
 from torchformer.training.batches import IGNORE
 
 CASES = [  # (shape of the rows, vocabulary, label smoothing)

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 import torch
 
-from ..config import GATED, ModelConfig
+from ..configs import GATED, ModelConfig
 from .moe_accounting import active_params, attention_flops, cache_numbers_per_token, stack_matmul_params
 
 DTYPES = {

@@ -4,9 +4,8 @@ the per-token cache of MLA against the per-head K/V it replaces. Arithmetic on t
 
 from __future__ import annotations
 
-from ..config import GATED, ModelConfig
-from ..layer_configs import resolve_kinds
-from ..moe_configs import cache_widths
+from ..configs import GATED, ModelConfig, cache_widths
+from ..models.kinds import resolve_kinds
 
 
 def mlp_kinds(cfg: ModelConfig) -> list[str]:

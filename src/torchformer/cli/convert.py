@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 f"--to-gguf {args.to_gguf!r}: no {TOKENIZER} beside the model; llama.cpp needs a vocabulary"
             )
         from ..interop.gguf.quantize import K_QUANTS, check_k_quant
-        from ..serve.chat import load_chat_template
+        from ..text.chat_template import load_chat_template
 
         if args.outtype in K_QUANTS:
             check_k_quant(args.outtype)  # llama-cpp-python is there, before the model is read

@@ -20,7 +20,7 @@ from ..analysis.accounting import (
     weight_bytes,
 )
 from ..analysis.moe_accounting import cache_numbers_per_token, expanded_cache_numbers
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..models.quantize import DEFAULT_GROUP_SIZE
 
 

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..training.batches import IGNORE
-from ..training.losses import token_loss
+from ..nn.loss import IGNORE, token_loss
 
 
 @dataclass(frozen=True)

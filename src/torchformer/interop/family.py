@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import AttentionConfig, BlockConfig, LatentAttention, ModelConfig, MoE, RoPE
-from ..layer_configs import resolve_kinds
+from ..configs import AttentionConfig, BlockConfig, LatentAttention, ModelConfig, MoE, RoPE
+from ..models.kinds import resolve_kinds
 from .hf_config import TOKEN_FIELDS, token_fields, token_ids, unsupported
 from .keymap import KeyMap
 

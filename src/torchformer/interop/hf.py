@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..atomic import write_folder
-from ..config import ModelConfig, RoPE
+from ..configs import ModelConfig, RoPE
 from ..models.saving import build_meta, check_fits, materialize, read_json, unique_state
 from ..nn.quant import QuantLinear
 from . import (

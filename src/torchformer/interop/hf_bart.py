@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..config import Learned, Sinusoidal
+from ..configs import Learned, Sinusoidal
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
 from .layouts import activation, dropouts, shape

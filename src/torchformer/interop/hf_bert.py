@@ -10,7 +10,7 @@ Export writes a BertModel folder without a pooler (transformers initialises one 
 
 from __future__ import annotations
 
-from ..config import Learned
+from ..configs import Learned
 from .family import Family, Field, Rule
 from .keymap import KeyMap
 from .layouts import BERT_FIELDS, BERT_ONLY, POST_LN_ENCODER, bert_rules, body_prefix

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 
 # HF activation names (transformers' ACT2FN keys) -> our block.mlp words.
 ACTIVATIONS = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..config import RoPE, YaRN
+from ..configs import RoPE, YaRN
 from .family import Family, Field, Rule, module_functions
 from .hf_rope import rope_from_hf, rope_to_hf
 from .keymap import KeyMap, renamed, rule

@@ -7,7 +7,7 @@ head (``vocab_transform``, ``vocab_layer_norm``, ``vocab_projector``) is dropped
 
 from __future__ import annotations
 
-from ..config import Learned
+from ..configs import Learned
 from .family import Family, Field
 from .keymap import KeyMap, renamed
 from .layouts import POST_LN_ENCODER, activation, body_prefix, dropouts, shape

@@ -7,7 +7,7 @@ with ``transformer.``; GPT2Model ones (like the original ``gpt2`` upload) do not
 
 from __future__ import annotations
 
-from ..config import Learned
+from ..configs import Learned
 from .family import Family, Field
 from .keymap import KeyMap, renamed, rule
 from .layouts import activation, shape, tied

@@ -1,5 +1,5 @@
 """Per-layer settings of a config.json (``layer_types``, ``no_rope_layers``, Gemma 3's RoPE per
-layer type) <-> ``ModelConfig.layer_kinds`` / ``kinds`` (layer_configs.py).
+layer type) <-> ``ModelConfig.layer_kinds`` / ``kinds`` (configs/layers.py).
 
 Reading: each layer's (window, RoPE) pair; equal pairs share a kind; a model whose layers are all
 alike gets no kinds at all (the model-level window and positions). Writing: each layer's resolved
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import LayerKind, ModelConfig, RoPE
-from ..layer_configs import ResolvedKind, resolve_kinds
+from ..configs import LayerKind, ModelConfig, RoPE
+from ..models.kinds import ResolvedKind, resolve_kinds
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import RoPE
+from ..configs import RoPE
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
 from .layouts import D_FF, SHAPE, activation, dropouts, rope_rule, tied

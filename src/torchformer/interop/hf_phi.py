@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import RoPE
+from ..configs import RoPE
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed
 from .layouts import D_FF, SHAPE, SPARSE_HEAD_DIM, L, activation, heads, rope_rule, tied

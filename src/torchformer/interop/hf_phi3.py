@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import LongRoPE, RoPE
+from ..configs import LongRoPE, RoPE
 from .family import Field, Rule
 from .hf_rope import rope_to_hf
 from .keymap import KeyMap, renamed, rule

@@ -4,7 +4,7 @@ with ``norm_topk_prob``. Qwen3-MoE adds per-head RMSNorm on q and k (q_norm, k_n
 attention biases on all four projections; Qwen2-MoE has q/k/v biases (qkv_bias, no o bias) and
 one shared expert of width shared_expert_intermediate_size scaled by sigmoid(shared_expert_gate x).
 A layer is dense (an MLP of intermediate_size) when it is in mlp_only_layers or when
-(i + 1) % decoder_sparse_step != 0: those become a "dense" layer kind (layer_configs.py).
+(i + 1) % decoder_sparse_step != 0: those become a "dense" layer kind (configs/layers.py).
 """
 
 from __future__ import annotations

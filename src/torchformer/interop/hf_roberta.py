@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..config import Learned
+from ..configs import Learned
 from .family import Family, Rule
 from .keymap import KeyMap
 from .layouts import BERT_FIELDS, BERT_ONLY, POST_LN_ENCODER, bert_rules, body_prefix

@@ -14,8 +14,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from ..config import DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, ModelConfig, RoPE, YaRN
-from ..rope_scaling_configs import SCALING_KIND_OF
+from ..configs import SCALING_KIND_OF, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, ModelConfig, RoPE, YaRN
 
 SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 HF_NAMES = {"original_max_seq_len": "original_max_position_embeddings"}  # ours -> theirs, where they differ

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import RelativeBias
+from ..configs import RelativeBias
 from .family import Family, Field, Rule
 from .keymap import KeyMap, renamed, rule
 from .layouts import dropouts, shape

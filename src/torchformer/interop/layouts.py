@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import LayerKind, ModelConfig, RoPE
-from ..layer_configs import resolve_kinds
+from ..configs import LayerKind, ModelConfig, RoPE
+from ..models.kinds import resolve_kinds
 from .family import OMIT, Family, Field, Rule
 from .hf_config import ACTIVATIONS, HF_ACTIVATIONS
 from .hf_kinds import FULL, SLIDING, kind_fields, layer_types, per_layer, windows_to_hf

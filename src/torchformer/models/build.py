@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
-from ..layer_configs import resolve_kinds
+from ..configs import ModelConfig
 from ..nn.attention import Attention
 from ..nn.block import Block, parallel, parallel_shared, post_norm, pre_norm
 from ..nn.head import LMHead
@@ -36,6 +35,7 @@ from .build_positions import (  # noqa: F401
     score_bias,
 )
 from .encoder import by_column, by_count
+from .kinds import resolve_kinds
 from .stack import Embeddings, KindContext, Stack, embed_scale, times, times_in_dtype
 
 NORMS = {"layernorm": LayerNorm, "rmsnorm": RMSNorm, "rmsnorm_1p": OffsetRMSNorm}
@@ -133,7 +133,7 @@ def block(cfg: ModelConfig, rotate: Callable | None, cross: bool, mlp_kind: str 
 
 
 def stack(cfg: ModelConfig, n_layers: int, *, causal: bool, cross: bool = False) -> Stack:
-    """The blocks of ``n_layers`` layers; each layer kind (layer_configs.py) gets its RoPE table
+    """The blocks of ``n_layers`` layers; each layer kind (configs/layers.py) gets its RoPE table
     (one per distinct RoPE config) and window, each block its kind's rotation."""
     kinds, layer_kind = resolve_kinds(cfg, n_layers)
     tables: dict = {}

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..nn import flex
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.norms import PerHead

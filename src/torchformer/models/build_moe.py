@@ -1,4 +1,4 @@
-"""Config words -> modules for expert MLPs and latent attention (moe_configs.py); build.py calls
+"""Config words -> modules for expert MLPs and latent attention (configs/moe.py); build.py calls
 these where a layer's MLP kind is "moe" or the model has ``mla``. Every choice is a table."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..nn.latent_attention import LatentAttention
 from ..nn.mlp import GatedMLP
 from ..nn.moe import (

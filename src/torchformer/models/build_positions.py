@@ -8,7 +8,7 @@ from functools import partial
 
 from torch import nn
 
-from ..config import (
+from ..configs import (
     ALiBi,
     DynamicNTK,
     Learned,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
-from ..moe_configs import cache_widths
+from ..configs import ModelConfig, cache_widths
 from ..nn.kv_cache import KVCache
 from .checks import check_documents, check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..nn.linear import linear
 from .checks import check_ids, check_mask, check_positions
 from .stack import Embeddings, Stack, positions_from

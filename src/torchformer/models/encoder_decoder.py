@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..nn.kv_cache import KVCache
 from .checks import check_ids, check_mask, check_positions
 from .decoder import new_self_cache
@@ -89,7 +89,7 @@ class EncoderDecoder(nn.Module):
     ) -> KVCache:
         """A static decoder cache; with ``memory``, the cross-attention K/V are computed once here."""
         like = self.tgt_embed.tok.weight  # dtype and device; the head may be quantized (integer weights)
-        cache = new_self_cache(self.config, like, len(self.decoder.blocks), batch_size, max_len, dtype)
+        cache = new_self_cache(self.config, like, len(self.decoder.blocks), batch_size, max_len, dtype, self.kv_shards)
         if memory is not None:
             if memory.shape[0] != batch_size:
                 raise ValueError(f"memory has batch {memory.shape[0]} but batch_size={batch_size}")

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..atomic import write_folder
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..fast.formats import prepare
 from .build import build_model
 from .quantize import Quantization, quantize

@@ -3,7 +3,7 @@
 The stack computes positions, RoPE rows and the attention pattern (mask and bias rules, see
 nn/patterns.py) once per forward, lets the backend's prepare step (nn/routing.py) turn the
 pattern into what that backend consumes, and hands it to the blocks in one AttnInputs. Layers
-that differ (layer_configs.py: Gemma's sliding/global layers, SmolLM3's NoPE layers) get one
+that differ (configs/layers.py: Gemma's sliding/global layers, SmolLM3's NoPE layers) get one
 context per kind: the shared rules (order, padding, documents, score bias) are computed once,
 the kind's window and RoPE rows once per kind; each block receives its kind's. Positions
 are per row: token t of a row has position (number of real tokens before it in that row), so left

@@ -1,6 +1,6 @@
 """`torchformer serve`: an OpenAI-compatible server with continuous batching over the static
 KV cache. protocol.py (request checks, error envelope), responses.py + logprob_shapes.py
-(response shapes), chat.py (sandboxed chat templates), text.py (tokenizer, stop strings),
+(response shapes), text.py (tokenizer, stop strings),
 jobs.py + admission.py + engine.py + scheduler.py (one thread, slots = rows of one cache, the
 queue and its capacity), rows.py (prefill and decode over rows), groups.py (a request's n
 choices), logprobs.py, prefix.py (prefix caching), grammar.py (response_format: xgrammar's

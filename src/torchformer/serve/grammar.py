@@ -38,7 +38,7 @@ import re
 import threading
 from typing import NamedTuple
 
-from .protocol import APIError, bad
+from .errors import APIError, bad
 
 log = logging.getLogger(__name__)
 

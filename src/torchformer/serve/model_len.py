@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..analysis.accounting import kv_cache_bytes
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..host_memory import available_bytes
 from ..models.decoder import DecoderLM
 

@@ -17,30 +17,13 @@ from dataclasses import dataclass
 
 from ..generation.request import sampling_options
 from ..generation.sampling import Sampling
+from .errors import APIError, bad, shutting_down  # noqa: F401 (the serve modules import them from here too)
+from .grammar import response_format
+from .tools import message_tools
 
 MAX_STOP = 4  # OpenAI allows up to 4 stop sequences
 MAX_N = 128  # OpenAI's limit; the engine's rows (--slots) bound it further
 MAX_TOP_LOGPROBS = {"chat": 20, "completions": 5}  # OpenAI: top_logprobs 0-20 (chat), logprobs 0-5 (legacy)
-
-
-class APIError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
-
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param=None, code=None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-
-    def envelope(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def bad(param: str, message: str, code: str = "invalid_value") -> APIError:
-    return APIError(400, f"{param}: {message}", param=param, code=code)
-
-
-def shutting_down() -> APIError:
-    """The 503 of a request refused or ended because the server is stopping."""
-    return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
 
 
 @dataclass(frozen=True)
@@ -211,8 +194,6 @@ def params(body: dict, max_tokens_key: str, default_max_tokens: int | None, endp
         raise bad("return_token_ids", f"{token_ids!r} must be true or false")
     sampling = sampling_options(temperature, top_k, None if top_p == 1.0 else top_p, min_p, repetition_penalty, 0)
     stop = stops(body.get("stop"))
-    from .grammar import response_format  # grammar.py builds on this module's errors
-
     fmt = response_format(body.get("response_format"))
     return Params(max_tokens, sampling, seed, stop, stream, include_usage, token_ids, n, logprobs, echo, fmt)
 
@@ -275,8 +256,6 @@ MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id"}
 def messages(value) -> list[dict]:
     """Messages as the template sees them: role and text content (text parts are joined), and
     the tool fields (tools.py: an assistant's tool_calls, a tool message's tool_call_id)."""
-    from .tools import message_tools  # tools.py builds on this module's errors
-
     if not isinstance(value, list) or not value:
         raise bad("messages", "must be a non-empty list of {role, content} objects")
     out = []

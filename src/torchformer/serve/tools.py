@@ -21,8 +21,8 @@ import json
 import re
 from typing import NamedTuple
 
+from .errors import bad
 from .grammar import ResponseFormat
-from .protocol import bad
 from .tool_formats import structural_tag
 
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for a function's name

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-IGNORE = -100
+from ..nn.loss import IGNORE
+
 Batch = dict[str, Tensor]
 
 

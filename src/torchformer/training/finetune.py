@@ -33,7 +33,7 @@ from torch import nn
 
 from .. import lora
 from ..atomic import fsync_path
-from ..config import ModelConfig
+from ..configs import ModelConfig
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind
 from ..models.saving import WEIGHTS_FILE, unique_state
 from .checkpoint import ADAPTERS, STATE

@@ -2,7 +2,7 @@
 
 Each line is ``{"messages": [{"role": ..., "content": ...}, ...]}`` or ``{"prompt": ...,
 "completion": ...}``. Conversations are rendered with a chat template (data.chat_template, else
-model.init's, found and sandboxed as the server does: serve/chat.py); each assistant turn is the
+model.init's, found and sandboxed as the server does: text/chat_template.py); each assistant turn is the
 text the template adds between the conversation before it (with the generation prompt) and the
 conversation including it, so the labels cover exactly what the model must learn to write.
 Prompt/completion pairs use the plain format prompt + completion + EOS. Segments are tokenized
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..text.chat_template import ChatTemplate, TemplateRefused, load_chat_template
 from .batches import IGNORE, Batch, generator
 from .corpus import VAL_EVERY, VAL_OFFSET
 from .data import _check_path, _lines
@@ -97,17 +98,10 @@ def segments(example: dict, template) -> list[tuple[str, bool]]:
 
 
 def _render(template, messages: list[dict], generation_prompt: bool) -> str:
-    from jinja2.exceptions import TemplateError
-
-    try:  # the sandboxed template of serve/chat.py, with the generation prompt chosen per call
-        return template.template.render(
-            messages=messages,
-            add_generation_prompt=generation_prompt,
-            bos_token=template.bos_token,
-            eos_token=template.eos_token,
-        )
-    except TemplateError as err:
-        raise ValueError(f"the chat template refused a conversation: {err}") from None
+    try:  # text/chat_template.py's sandboxed template, with the generation prompt chosen per call
+        return template.render(messages, add_generation_prompt=generation_prompt)
+    except TemplateRefused as err:
+        raise ValueError(f"the chat template refused a conversation: {err.__cause__}") from None
 
 
 def encode(example: dict, template, tok: TextTokenizer, eos: int | None) -> Example:
@@ -123,8 +117,6 @@ def encode(example: dict, template, tok: TextTokenizer, eos: int | None) -> Exam
 
 
 def load_template(recipe, init: str | None):
-    from ..serve.chat import ChatTemplate, load_chat_template
-
     path = recipe.data.chat_template
     if path is not None:
         file = Path(path)

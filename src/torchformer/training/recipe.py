@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import presets
-from ..config import ModelConfig
-from ..models.checks import check_fits_memory
+from ..configs import ModelConfig
+from ..models.sizing import check_fits_memory
 from .recipe_files import apply_overrides, read_file
 
 TASKS = ("lm", "mlm", "seq2seq")

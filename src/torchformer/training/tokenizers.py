@@ -13,17 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..extras import require
+from ..text.byte_level import byte_alphabet
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<mask>", "<unk>")
 KINDS = ("char", "byte", "bpe")
-
-
-def byte_alphabet() -> list[str]:
-    """The printable stand-in for each byte 0..255 used by byte-level BPE (GPT-2's convention):
-    printable bytes map to themselves, the others to code points from 256 up, in byte order."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    extra = iter(range(256, 512))
-    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
 
 
 @dataclass

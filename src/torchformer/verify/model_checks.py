@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ALiBi, RelativeBias, RoPE
+from ..configs import ALiBi, RelativeBias, RoPE
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.moe import MoEMLP
 from .probes import PAD, Runner, backends_set_to, rel_diff

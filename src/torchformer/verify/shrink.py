@@ -8,7 +8,7 @@ vocabulary (at most 512; special token ids above it are clamped into range).
 
 from __future__ import annotations
 
-from ..config import ModelConfig
+from ..configs import ModelConfig
 
 HEAD_DIM, LAYERS, VOCAB, HEADS = 16, 2, 512, 4
 

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 from torch import Tensor, nn
 
-from ...config import ModelConfig
+from ...configs import ModelConfig
 from ...models.saving import build_meta, unique_state
 from ..hf import FAMILIES, pick_model_type
 

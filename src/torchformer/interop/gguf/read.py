@@ -18,7 +18,7 @@ from collections import Counter
 import torch
 from torch import Tensor, nn
 
-from ...config import ModelConfig
+from ...configs import ModelConfig
 from ...fast.formats import prepare
 from ...models.quantize import Quantization, targets
 from ...models.saving import build_meta, materialize, unique_state

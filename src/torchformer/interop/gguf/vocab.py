@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 
-from ...config import ModelConfig
-from ...training.tokenizers import byte_alphabet
+from ...configs import ModelConfig
+from ...text.byte_level import byte_alphabet
 
 NORMAL, CONTROL, UNUSED = 1, 3, 5
 PER_CHARACTER = {"type": "Split", "pattern": {"Regex": "[\\s\\S]"}, "behavior": "Isolated", "invert": False}

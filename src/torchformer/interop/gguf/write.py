@@ -20,9 +20,8 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from ...config import ModelConfig, RoPE
+from ...configs import LinearScaling, Llama3Scaling, LongRoPE, ModelConfig, RoPE
 from ...nn.rope_scaling import default_inv_freq, llama3_inv_freq
-from ...rope_scaling_configs import LinearScaling, Llama3Scaling, LongRoPE
 from ..hf import check_unquantized
 from .archs import ARCHS, name_table, row_transforms
 from .container import gguf_module

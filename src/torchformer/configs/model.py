@@ -12,54 +12,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .block_configs import GATED, AttentionConfig, BlockConfig, default_d_ff
-from .config_rules import _check, _check_choice, _raise, _type_problems
-from .layer_configs import INHERIT, LayerKind, kind_from_dict, kind_problems, kinds_tuple, layer_pattern
-from .moe_configs import LatentAttention, MoE, mixture_problems
-from .position_configs import (
-    _KIND_OF,
-    POSITION_KINDS,
-    ALiBi,
-    Learned,
-    Positions,
-    RelativeBias,
-    RoPE,
-    Sinusoidal,
-    position_dict,
-)
-from .rope_scaling_configs import SCALING_KINDS, DynamicNTK, LinearScaling, Llama3Scaling, LongRoPE, YaRN
+from .blocks import AttentionConfig, BlockConfig, default_d_ff
+from .layers import INHERIT, LayerKind, kind_from_dict, kinds_tuple
+from .moe import LatentAttention, MoE, mixture_problems
+from .positions import _KIND_OF, POSITION_KINDS, Positions, RoPE, Sinusoidal, position_dict, read_position
+from .rules import _check, _check_choice, _from_plain, _raise, _reject_unknown, _type_problems
 
 Arch = Literal["decoder", "encoder", "encoder_decoder"]
 Init = Literal["normal", "xavier"]
 # How an encoder numbers a padded row: by column (BERT) or by counting real tokens (RoBERTa, fairseq).
 EncoderPositions = Literal["columns", "counted"]
-
-
-__all__ = [
-    "ALiBi",
-    "GATED",
-    "AttentionConfig",
-    "BlockConfig",
-    "DynamicNTK",
-    "INHERIT",
-    "LayerKind",
-    "Learned",
-    "LinearScaling",
-    "Llama3Scaling",
-    "LongRoPE",
-    "ModelConfig",
-    "POSITION_KINDS",
-    "Positions",
-    "RelativeBias",
-    "RoPE",
-    "SCALING_KINDS",
-    "Sinusoidal",
-    "YaRN",
-    "LatentAttention",
-    "MoE",
-    "default_d_ff",
-    "layer_pattern",
-]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,9 +37,9 @@ class ModelConfig:
     embed_scale_in_dtype rounds the sqrt(d_model) factor to the activations' dtype first (Gemma).
     head_scale multiplies the final hidden state before the LM head (T5: d_model ** -0.5 when
     tied); final_softcap caps the logits as cap * tanh(logits / cap) (Gemma 2: 30).
-    layer_kinds / kinds: layers that differ (window, RoPE or NoPE per kind; layer_configs.py).
+    layer_kinds / kinds: layers that differ (window, RoPE or NoPE per kind; configs/layers.py).
     moe: expert MLPs (Mixtral, Qwen-MoE, DeepSeek); mla: multi-head latent attention (DeepSeek-V2/V3);
-    both in moe_configs.py.
+    both in configs/moe.py.
     encoder_positions (arch="encoder"): "columns" numbers tokens by column (BERT); "counted" by the
     real tokens before each one, so left padding does not shift them (RoBERTa's fairseq numbering).
     """
@@ -183,7 +145,7 @@ class ModelConfig:
             value = getattr(self, name)
             if value is not None:
                 _check(p, math.isfinite(value) and value > 0, name, value, "must be a finite number > 0 (or None)")
-        kind_problems(self, self.n_layers, p)
+        _kind_problems(self, self.n_layers, p)
         mixture_problems(self, p)
         _raise("ModelConfig", p)
 
@@ -252,40 +214,49 @@ class ModelConfig:
         if isinstance(data.get("block"), dict):
             data["block"] = _from_plain(BlockConfig, data["block"], "block")
         if isinstance(data.get("kinds"), list):
-            data["kinds"] = tuple(kind_from_dict(k, _position) if isinstance(k, dict) else k for k in data["kinds"])
+            data["kinds"] = tuple(kind_from_dict(k) if isinstance(k, dict) else k for k in data["kinds"])
         for name, sub in (("moe", MoE), ("mla", LatentAttention)):
             if isinstance(data.get(name), dict):
                 data[name] = _from_plain(sub, data[name], name)
         pos = data.get("positions", "absent")
         if isinstance(pos, dict):
-            data["positions"] = _position(pos)
+            data["positions"] = read_position(pos)
         elif pos == "absent":
             data.pop("positions", None)
         return cls(**data)
 
 
-def _position(pos: dict[str, Any]) -> Positions:
-    pos = dict(pos)
-    if isinstance(pos.get("scaling"), dict):  # RoPE's scaling scheme, tagged the same way
-        pos["scaling"] = _tagged(SCALING_KINDS, pos["scaling"], "positions.scaling")
-    return _tagged(POSITION_KINDS, pos, "positions")
-
-
-def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown key(s) in {where}: {unknown}; allowed: {sorted(known)}")
-
-
-def _tagged(kinds: dict[str, type], data: dict[str, Any], where: str) -> Any:
-    data = dict(data)
-    kind = data.pop("kind", None)
-    if kind not in kinds:
-        raise ValueError(f"{where}.kind={kind!r}: must be one of {list(kinds)}")
-    return _from_plain(kinds[kind], data, where)
-
-
-def _from_plain(cls: type, data: dict[str, Any], where: str) -> Any:
-    _reject_unknown(cls, data, where)
-    return cls(**data)
+def _kind_problems(cfg: ModelConfig, n_layers: int, p: list[str]) -> None:
+    """Rules between layer_kinds, kinds and the rest of the model (checked by ModelConfig)."""
+    names, kinds = cfg.layer_kinds, cfg.kinds
+    if not isinstance(kinds, tuple) or not all(isinstance(k, LayerKind) for k in kinds):
+        p.append(f"kinds={kinds!r}: must be a tuple of LayerKind (or a dict name -> LayerKind)")
+        return
+    defined = [k.name for k in kinds]
+    _check(p, all(isinstance(n, str) and n for n in defined), "kinds", defined, "every kind needs a non-empty name")
+    if len(set(defined)) != len(defined):
+        p.append(f"kinds={defined}: kind names must be unique")
+    if names is None:
+        _check(p, not kinds, "kinds", defined, "needs layer_kinds naming each layer's kind")
+        return
+    if not isinstance(names, tuple) or not all(isinstance(n, str) for n in names):
+        p.append(f"layer_kinds={names!r}: must be a tuple of kind names (see layer_pattern)")
+        return
+    _check(p, len(names) == n_layers, "layer_kinds", names, f"has {len(names)} names, needs one per layer ({n_layers})")
+    unknown = sorted(set(names) - set(defined))
+    _check(p, not unknown, "layer_kinds", names, f"names unknown kinds {unknown}; defined in kinds: {defined}")
+    _check(p, cfg.arch != "encoder_decoder", "layer_kinds", names, "are for arch 'decoder' or 'encoder'")
+    for k in kinds:
+        _check(p, k.mlp != "moe" or cfg.moe is not None, f"kinds[{k.name!r}].mlp", k.mlp, "'moe' needs the model's moe")
+        if k.sliding_window not in (None, INHERIT):
+            _check(p, cfg.arch == "decoder", f"kinds[{k.name!r}].sliding_window", k.sliding_window,
+                   "is for causal decoders only")  # fmt: skip
+        if k.rope != INHERIT:
+            ok = cfg.positions is None or isinstance(cfg.positions, RoPE)
+            model = type(cfg.positions).__name__
+            _check(p, ok, f"kinds[{k.name!r}].rope", k.rope, f"needs model positions RoPE or None, not {model}")
+        if isinstance(k.rope, RoPE):
+            hd = cfg._head_dim_or_none()
+            k.rope._problems(p)
+            if hd is not None:
+                k.rope.head_problems(hd, p)

@@ -1,14 +1,14 @@
 """Position schemes: one small frozen class each, so no field is meaningless for the scheme in
-use. Re-exported by config.py; imports no torch."""
+use. Re-exported by configs/__init__.py; imports no torch."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from .config_rules import _check, _check_choice, _Validated
-from .rope_scaling_configs import SCALING_KIND_OF, SCALING_KINDS, RoPEScaling
+from .rope_scaling import SCALING_KIND_OF, SCALING_KINDS, RoPEScaling
+from .rules import _check, _check_choice, _tagged, _Validated
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,7 +44,7 @@ class RoPE(_Validated):
     pairing "half": feature i pairs with i + E/2 (HF Llama); "interleaved": 2i with 2i+1 (Meta).
     fraction < 1 rotates only the first int(fraction * E) features of each head and passes the
     rest through (partial rotary: GPT-NeoX 0.25, Phi-4-mini 0.75); frequencies use that width.
-    scaling None is plain RoPE; otherwise one scheme from rope_scaling_configs.py (the words are
+    scaling None is plain RoPE; otherwise one scheme from configs/rope_scaling.py (the words are
     transformers' rope_type names: linear, dynamic, llama3, yarn, longrope).
     """
 
@@ -130,3 +130,11 @@ def position_dict(pos: Positions) -> dict:
         lists = {k: list(v) for k, v in fields.items() if isinstance(v, tuple)}  # JSON has no tuples
         out["scaling"] = {"kind": SCALING_KIND_OF[type(scaling)], **fields, **lists}
     return out
+
+
+def read_position(pos: dict[str, Any]) -> Positions:
+    """A position scheme from its JSON form (tagged with ``kind``; RoPE's scaling tagged the same way)."""
+    pos = dict(pos)
+    if isinstance(pos.get("scaling"), dict):  # RoPE's scaling scheme, tagged the same way
+        pos["scaling"] = _tagged(SCALING_KINDS, pos["scaling"], "positions.scaling")
+    return _tagged(POSITION_KINDS, pos, "positions")

@@ -1,5 +1,5 @@
 """Mixture-of-experts MLPs and multi-head latent attention: one small frozen class each, so no
-field is meaningless for a dense model. Re-exported by config.py; imports no torch.
+field is meaningless for a dense model. Re-exported by configs/__init__.py; imports no torch.
 
 ``MoE`` (Shazeer 2017; Switch, Fedus 2021; Mixtral, Jiang 2024; DeepSeekMoE, Dai 2024): a router
 scores every token against ``n_experts`` gated MLPs of width ``d_expert``, each token goes to its
@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .config_rules import _check, _check_choice, _Validated
+from .rules import _check, _check_choice, _Validated
 
 Router = Literal["softmax", "sigmoid"]
 Dispatch = Literal["loop", "grouped"]

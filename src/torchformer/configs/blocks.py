@@ -1,4 +1,4 @@
-"""Attention and block configs (one residual block's heads, norms, MLP), re-exported by config.py.
+"""Attention and block configs (one residual block's heads, norms, MLP), re-exported by configs/__init__.py.
 Imports no torch; every rule is checked in ``_problems`` and gathered by ModelConfig."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from .config_rules import _check, _check_choice, _Validated
+from .rules import _check, _check_choice, _Validated
 
 # "rmsnorm_1p": RMSNorm times (1 + weight), weight starting at 0, all in fp32 (Gemma 1/2/3).
 Norm = Literal["layernorm", "rmsnorm", "rmsnorm_1p"]

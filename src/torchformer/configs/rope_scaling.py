@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config_rules import _check, _Validated
+from .rules import _check, _Validated
 
 
 @dataclass(frozen=True, kw_only=True)

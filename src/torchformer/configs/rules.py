@@ -70,3 +70,23 @@ class _Validated:
         if not problems:
             self._problems(problems)  # type: ignore[attr-defined]
         _raise(type(self).__name__, problems)
+
+
+def _reject_unknown(cls: type, data: dict[str, Any], where: str) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown key(s) in {where}: {unknown}; allowed: {sorted(known)}")
+
+
+def _tagged(kinds: dict[str, type], data: dict[str, Any], where: str) -> Any:
+    data = dict(data)
+    kind = data.pop("kind", None)
+    if kind not in kinds:
+        raise ValueError(f"{where}.kind={kind!r}: must be one of {list(kinds)}")
+    return _from_plain(kinds[kind], data, where)
+
+
+def _from_plain(cls: type, data: dict[str, Any], where: str) -> Any:
+    _reject_unknown(cls, data, where)
+    return cls(**data)
