@@ -12,6 +12,10 @@ from .stack import Embeddings, Stack, positions_from
 
 
 class DecoderLM(nn.Module):
+    # Tensor parallelism (parallel/apply.py) splits the K/V heads over this many ranks; each rank's
+    # static cache holds its own n_kv_heads / kv_shards heads.
+    kv_shards: int = 1
+
     def __init__(self, config: ModelConfig, embed: Embeddings, stack: Stack, lm_head: nn.Linear) -> None:
         super().__init__()
         self.config = config
@@ -58,16 +62,21 @@ class DecoderLM(nn.Module):
     def new_cache(self, batch_size: int, max_len: int | None = None, *, dtype: torch.dtype | None = None) -> KVCache:
         """A static cache for ``batch_size`` rows of up to ``max_len`` positions."""
         # dtype and device from the token table: the head may be quantized (integer weights).
-        return new_self_cache(self.config, self.embed.tok.weight, len(self.stack.blocks), batch_size, max_len, dtype)
+        return new_self_cache(
+            self.config, self.embed.tok.weight, len(self.stack.blocks), batch_size, max_len, dtype, self.kv_shards
+        )
 
 
-def new_self_cache(cfg: ModelConfig, like: Tensor, n_layers: int, batch_size: int, max_len, dtype) -> KVCache:
+def new_self_cache(
+    cfg: ModelConfig, like: Tensor, n_layers: int, batch_size: int, max_len, dtype, shards: int = 1
+) -> KVCache:
     max_len = cfg.max_seq_len if max_len is None else max_len
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r}: must be an integer >= 1")
     if not isinstance(max_len, int) or not 1 <= max_len <= cfg.max_seq_len:
         raise ValueError(f"max_len={max_len!r}: must be an integer in [1, max_seq_len={cfg.max_seq_len}]")
     heads, k_dim, v_dim = cache_widths(cfg)  # K/V heads, or MLA's latent + rotary key
+    heads //= shards  # this rank's K/V heads under tensor parallelism
     return KVCache.allocate(
         n_layers,
         batch_size,

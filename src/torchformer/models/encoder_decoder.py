@@ -13,6 +13,8 @@ from .stack import Embeddings, Stack, cross_context, positions_from
 
 
 class EncoderDecoder(nn.Module):
+    kv_shards: int = 1  # tensor parallelism's split of the K/V heads (DecoderLM.kv_shards)
+
     def __init__(
         self,
         config: ModelConfig,

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .sharded_loss import is_sharded, sharded_token_loss
+
 IGNORE = -100  # a label no loss counts: padding, prompts, the positions a task leaves unscored
 
 # Rows of logits per chunk: ~4 MiB of fp32 at a time (128 rows at V = 8192), whatever the vocabulary.
@@ -21,6 +23,8 @@ def token_loss(logits: Tensor, labels: Tensor, smoothing: float = 0.0) -> Tensor
     Equal to ``F.cross_entropy(logits.float(), labels, reduction="sum", label_smoothing=...)``,
     computed a chunk of rows at a time (``ChunkedCrossEntropy``): backward keeps no second (N, V)
     tensor beside the logits (no fp32 log-softmax, no fp32 upcast copy of bf16 logits)."""
+    if is_sharded(logits):  # split by vocabulary over tensor-parallel ranks: summed without a gather
+        return sharded_token_loss(logits, labels, smoothing)
     if labels.shape != logits.shape[:-1]:
         raise ValueError(
             f"labels shape {tuple(labels.shape)} must be the logits shape without its last (vocabulary) "

@@ -1,0 +1,102 @@
+"""Each rank of ``torchrun --nproc_per_node 2 -m tests.parallel.tp_worker OUT`` builds every model of
+the grid twice from one seed, splits one copy with parallel.parallelize, and measures what the test
+(test_tp_inference.py) asserts: the largest logit difference, greedy tokens of both copies, the
+bytes this rank holds. Rank 0 writes them to OUT as JSON; the assertions live in the test."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+import torchformer as tfm
+from tests.decoding import varied_case
+from torchformer.parallel import local_bytes, parallelize, tp_mesh
+
+V = 43  # odd on purpose: the vocabulary is split unevenly (22 + 21 rows)
+
+
+def decoder(heads: int, kv: int, mlp: str, tied: bool, **kw) -> tfm.ModelConfig:
+    return tfm.ModelConfig(arch="decoder", vocab_size=V, d_model=32, n_layers=2, max_seq_len=48,
+                           attention=tfm.AttentionConfig(n_heads=heads, n_kv_heads=kv, bias=kw.pop("bias", False)),
+                           block=tfm.BlockConfig(norm=kw.pop("norm", "rmsnorm"), mlp=mlp), tie_embeddings=tied,
+                           **kw)  # fmt: skip
+
+
+ENCODER = tfm.ModelConfig(
+    arch="encoder", vocab_size=V, d_model=32, n_layers=2, max_seq_len=48, attention=tfm.AttentionConfig(n_heads=4),
+    n_token_types=2, positions=tfm.Learned(),
+    block=tfm.BlockConfig(norm="layernorm", mlp="gelu", norm_placement="post"),
+)  # fmt: skip
+ENCODER_DECODER = tfm.ModelConfig(
+    arch="encoder_decoder", vocab_size=V, d_model=32, n_layers=2, n_decoder_layers=2, max_seq_len=48,
+    attention=tfm.AttentionConfig(n_heads=4), positions=tfm.Sinusoidal(),
+    block=tfm.BlockConfig(norm="layernorm", mlp="relu"), decoder_start_token_id=0,
+)  # fmt: skip
+GRID = {
+    "mha-swiglu-tied": decoder(4, 4, "swiglu", True),
+    "gqa-gelu-untied": decoder(4, 2, "gelu", False),
+    "gqa-swiglu-untied-bias": decoder(4, 2, "swiglu", False, bias=True),
+    "mha-gelu-tied-learned": decoder(2, 2, "gelu", True, norm="layernorm", positions=tfm.Learned()),
+    "encoder": ENCODER,
+    "encoder-decoder": ENCODER_DECODER,
+}
+
+
+def build(cfg, seed: int):
+    torch.manual_seed(seed)
+    return tfm.build_model(cfg).eval()
+
+
+def sharded_fraction(model) -> float:
+    """Bytes this rank holds of the split weights, over their whole size."""
+    split = [p for p in model.parameters() if isinstance(p, DTensor) and p.to_local().numel() < p.numel()]
+    return sum(p.to_local().numel() for p in split) / sum(p.numel() for p in split)
+
+
+@torch.no_grad()
+def measure(name: str, cfg, mesh) -> dict:
+    ref, tp = build(cfg, 0), build(cfg, 0)
+    parallelize(tp, mesh)
+    ids = torch.randint(0, V, (2, 11), generator=torch.Generator().manual_seed(1))
+    if cfg.arch == "encoder_decoder":
+        run = lambda m: m(ids, ids[:, :7])  # noqa: E731
+    elif cfg.arch == "encoder":
+        types = torch.zeros_like(ids).index_fill_(1, torch.arange(6, 11), 1)
+        run = lambda m: m(ids, token_type_ids=types)  # noqa: E731
+    else:
+        run = lambda m: m(ids)  # noqa: E731
+    local, whole = local_bytes(tp)
+    row = {"max_diff": (run(ref) - run(tp)).abs().max().item(), "fraction": local / whole,
+           "split_fraction": sharded_fraction(tp)}  # fmt: skip
+    if cfg.arch != "encoder":
+        # Inputs whose plain greedy continuation is varied (tests/decoding.py), then both copies. Wide
+        # initial weights (std 0.5): at 0.02 a tiny random model repeats one token.
+        cfg = dataclasses.replace(cfg, init_std=1.0 if cfg.arch == "encoder_decoder" else 0.5)
+        candidates = torch.randint(0, V, (12, 5), generator=torch.Generator().manual_seed(2))
+        tried: list[int] = []
+        ref, prompt = varied_case(lambda s: tried.append(s) or build(cfg, s), candidates, 16, 8, seeds=range(6))
+        tp = build(cfg, tried[-1])  # the seed varied_case chose
+        parallelize(tp, mesh)
+        row["ref_tokens"] = tfm.generate(ref, prompt, max_new_tokens=16)[0, -16:].tolist()
+        row["tp_tokens"] = tfm.generate(tp, prompt, max_new_tokens=16)[0, -16:].tolist()
+    return row
+
+
+def main(out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    mesh = tp_mesh("cpu", dist.get_world_size())
+    rows = {name: measure(name, cfg, mesh) for name, cfg in GRID.items()}
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
