@@ -5,10 +5,11 @@ of x's leading dims.
 
 A decode step reads every weight once, so a quantized model is only as fast as its product reads
 the integer bytes. torch's int8 / int4 weight-only CPU kernels read them at 3.6 / 5.4 GB/s for one
-row here (and only with bf16 activations); the kernels of csrc/formats.cpp read the same bytes
-from 16-row panels, widening each weight to fp32 in registers as it is read (int8: one scale per
-output row at the end; int4: each nibble looked up in a 16-value table, the group's scales applied
-once to the group's sums), so no prefill ever writes an fp32 copy of a matrix.
+row here (and only with bf16 activations); the kernels of csrc/quantized.cpp read the same bytes
+from 16-row panels and multiply them as integers, llama.cpp's way: each row of x is quantized to
+int8 per block of 32 inputs, a 64-byte line of weights meets it in one or two integer dot-product
+instructions (AVX512-VNNI where the CPU has it), and each block's sum is scaled once. So no
+prefill ever writes an fp32 copy of a matrix, and no weight is widened to fp32.
 
 The layout belongs to the CPU that runs it, so it is made at run time and never saved:
 ``prepare(model)`` swaps each ``Int8Linear`` / ``Int4Linear`` for its panel twin (one copy of the
@@ -16,12 +17,17 @@ bytes: the portable module is dropped), and a twin's state dict is the portable 
 ``tfm.save`` writes the same checkpoint either way. ``tfm.quantize`` and ``tfm.load`` call
 ``prepare``; it does nothing where the kernels are not built (no AVX-512, no compiler,
 ``TORCHFORMER_NATIVE=0``), on other devices, or for shapes the kernels do not take (K not a
-multiple of 8 for int4 / 4 for int8, a group not a multiple of 8).
+multiple of 4 for int8, a group not a multiple of 8 for int4).
 
-Numerics: activations are not quantized. A product equals x times the dequantized weight (q * s)
-of the reference module, up to the order of the fp32 sums; bf16 activations are widened to fp32
-and the result rounded back. Autograd, training mode and other devices take the reference path
-(``QuantLinear.forward`` over ``dequantized()``), which unpacks the panels exactly.
+Numerics: the weights are exactly the reference module's (q * s). The activations are rounded to
+8 bits per block of B inputs (B = 32, or the largest power of two dividing the group, K and 32;
+scale max|x| / 127), the one approximation, as llama.cpp makes for its Q8_0 / Q4_0 products: a
+product differs from x times the dequantized weight by at most sum over blocks of (s_x / 2) times
+the block's sum of |w| (tests/fast/test_formats.py bounds it). So the kernels run only under
+``torch.no_grad`` / ``inference_mode`` (generation, serving, evaluation): grad mode (QLoRA
+training, autograd), training mode and other devices take the reference path
+(``QuantLinear.forward`` over ``dequantized()``), which unpacks the panels exactly and does not
+round the activations.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ def ops_ready() -> bool:
     torch.compile traces through them as opaque calls)."""
     if kernels() is None:
         return False
-    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     return True
@@ -106,8 +112,10 @@ class PanelLinear(QuantLinear):
         return next(c for c in cls.__mro__ if issubclass(c, QuantLinear) and not issubclass(c, PanelLinear))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.training or not x.is_cpu or (x.requires_grad and torch.is_grad_enabled()):
-            return super().forward(x)  # the reference: training error, autograd, other devices
+        if self.training or not x.is_cpu or torch.is_grad_enabled():
+            # The reference: training error, other devices, and any product under grad mode (QLoRA
+            # trains over these modules: its forward stays exact, activations unrounded).
+            return super().forward(x)
         rows = x.numel() // max(1, x.shape[-1])
         out = self.product(x.reshape(rows, -1).float().contiguous())  # (rows, N) fp32
         if self.bias is not None:
@@ -139,40 +147,42 @@ class PanelLinear(QuantLinear):
 
 
 class Int8Panels(PanelLinear, Int8Linear):
-    """``Int8Linear`` as panels (P, K, 16) int8 and its row scales padded to P * 16."""
+    """``Int8Linear`` as panels (P, K / 4, 16, 4) int8 (each 64-byte line: 4 inputs of 16 outputs)
+    and its row scales padded to P * 16 (the kernel's (P, 1, 16): one group of K inputs)."""
 
     def allocate(self, group_size: int | None) -> None:
         P, K = -(-self.out_features // LANES), self.in_features
-        self.register_buffer("panels", torch.zeros(P, K, LANES, dtype=torch.int8), persistent=False)
+        self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.int8), persistent=False)
         self.register_buffer("scale", torch.zeros(P * LANES), persistent=False)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
-        block = panels(q)  # (p', K, 16)
+        block = panels(q.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
         self.panels[p : p + block.shape[0]] = block
         self.scale[rows] = scale
 
     def product(self, x2: Tensor) -> Tensor:
-        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features)
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, self.in_features)
 
     def portable(self) -> Int8Linear:
         N = self.out_features
-        return Int8Linear(from_panels(self.panels, N), self.scale[:N].clone(), self.bias)
+        return Int8Linear(from_panels(self.panels, N).reshape(N, -1), self.scale[:N].clone(), self.bias)
 
 
 class Int4Panels(PanelLinear, Int4Linear):
-    """``Int4Linear`` as panels (P, K / 2, 16) of bytes (low nibble input 2j, high input 2j + 1,
-    each q + 8) and its scales as (P, K / G, 16)."""
+    """``Int4Linear`` as panels (P, K / 8, 16, 4) of bytes (each 64-byte line: 8 inputs of 16
+    outputs; byte i of an output's 4 holds input i (low nibble) and i + 4 (high), each q + 8) and
+    its scales as (P, K / G, 16)."""
 
     def allocate(self, group_size: int | None) -> None:
         P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
-        self.register_buffer("panels", torch.zeros(P, K // 2, LANES, dtype=torch.uint8), persistent=False)
+        self.register_buffer("panels", torch.zeros(P, K // 8, LANES, 4, dtype=torch.uint8), persistent=False)
         self.register_buffer("scale", torch.zeros(P, K // group_size, LANES), persistent=False)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
-        u = (q + 8).to(torch.uint8).view(q.shape[0], -1, 2)  # (n, K/2, 2) in [1, 15]
-        block = panels(u[..., 0] | (u[..., 1] << 4))  # (p', K/2, 16)
+        u = (q + 8).to(torch.uint8).view(q.shape[0], -1, 2, 4)  # (n, K/8, 2, 4) in [1, 15]
+        block = panels(u[:, :, 0] | (u[:, :, 1] << 4))  # (p', K/8, 16, 4)
         self.panels[p : p + block.shape[0]] = block
         self.scale[p : p + block.shape[0]] = panels(scale)  # (p', K/G, 16)
 
@@ -181,8 +191,8 @@ class Int4Panels(PanelLinear, Int4Linear):
 
     def portable(self) -> Int4Linear:
         N = self.out_features
-        b = from_panels(self.panels, N)  # (N, K/2)
-        q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=-1).reshape(N, -1)
+        b = from_panels(self.panels, N)  # (N, K/8, 4)
+        q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=2).reshape(N, -1)
         return Int4Linear.from_values(q, from_panels(self.scale, N).contiguous(), self.bias, self.group_size)
 
     def extra_repr(self) -> str:
@@ -208,7 +218,7 @@ def widened_product(x2: Tensor, w: Tensor) -> Tensor:
 
 class Bf16Linear(Linear):
     """A bf16 ``Linear`` whose inference products on the CPU run the kernel over its own weight
-    (csrc/formats.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
+    (csrc/bf16.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
     torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
     rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md). Training, autograd,
     other dtypes and devices take ``Linear``'s path."""

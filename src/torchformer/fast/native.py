@@ -4,8 +4,10 @@
   packed in 16-row panels (fast/panels.py); the op multiplies plainly once the weight has changed.
 - ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
-- ``torchformer::bf16_mm`` / ``int8_mm`` / ``int4_mm`` (formats.cpp): products over bf16, int8 and
-  int4 weights in the same panels, widened in registers (fast/formats.py).
+- ``torchformer::bf16_linear`` (bf16.cpp): the product over a bf16 weight as it is stored, and
+  ``torchformer::int8_mm`` / ``int4_mm`` (quantized.cpp): products over int8 / int4 weights in
+  16-row panels with the activations quantized to int8 per block (integer dot products, AVX512-VNNI
+  where the CPU has it); both in fast/formats.py.
 
 Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
 extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,
@@ -34,7 +36,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name("csrc") / name for name in ("kernels.cpp", "formats.cpp")]
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = [CSRC / name for name in ("kernels.cpp", "bf16.cpp", "quantized.cpp")]
+INCLUDED = [CSRC / "quantized_kernels.inc"]  # included by quantized.cpp: part of the build's key
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
 FLAGS = [  # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
     "-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
@@ -80,7 +84,7 @@ def build_folder(root: Path) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             [
-                *(s.read_bytes() for s in SOURCES),
+                *(s.read_bytes() for s in SOURCES + INCLUDED),
                 # ninja's build file names the sources by path: two checkouts sharing a folder
                 # would rebuild it for each other (minutes each, under the lock) at every switch.
                 str(SOURCES[0].parent.resolve()).encode(),
