@@ -1,6 +1,6 @@
-"""Issue 31: training with tensor parallelism. Two steps under TP=2 (2 processes) and under
-FSDP(2) x TP(2) (4 processes, a 2-D mesh) give the single process's parameters within 1e-5 (the
-same global batch; the loss summed over vocabulary-sharded logits, never gathered)."""
+"""Issue 31: training with tensor parallelism. Two steps under TP=2 (2 processes) give the single
+process's parameters within 1e-5 (the same global batch; the loss summed over vocabulary-sharded
+logits, never gathered). FSDP(2) x TP(2) against one process is in test_dcp.py."""
 
 import json
 
@@ -31,7 +31,8 @@ def single(tmp_path_factory):
     return {k: v.detach() for k, v in train(recipe(tmp, "single")).model.state_dict().items()}
 
 
-@pytest.mark.parametrize(("strategy", "tp", "n"), [("tp", 2, 2), ("fsdp+tp", 2, 4)])
+# FSDP(2) x TP(2) (4 processes) against one process: test_dcp.py (its run saves sharded checkpoints).
+@pytest.mark.parametrize(("strategy", "tp", "n"), [("tp", 2, 2)])
 def test_a_tensor_parallel_step_equals_the_single_process_step(tmp_path, single, strategy, tp, n):
     run = recipe(tmp_path, "run", strategy=strategy, tp=tp)
     (tmp_path / "recipe.json").write_text(json.dumps(run.to_dict()))

@@ -16,6 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     source.add_argument("--from-hf", metavar="DIR", help="a local Hugging Face model folder to read")
     source.add_argument("--to-hf", metavar="CKPT", help="a torchformer checkpoint folder (or preset name) to export")
     source.add_argument("--from-gguf", metavar="FILE", help="a .gguf file to write as a Hugging Face folder")
+    source.add_argument("--from-dcp", metavar="CKPT", help="a sharded (DCP) training checkpoint to write as one file")
     source.add_argument(
         "--to-gguf", metavar="MODEL", help="a checkpoint or HF folder (with tokenizer.json) to write as .gguf"
     )
@@ -56,20 +57,21 @@ def run(args: argparse.Namespace) -> int:
     torchformer convert --from-gguf FILE.gguf --out HF_DIR  GGUF -> HF folder (float32, quantized
                                                        types dequantized; tokenizer.json from its metadata)
     torchformer convert --to-gguf CKPT --out FILE.gguf --outtype q8_0   model + tokenizer.json -> GGUF
+    torchformer convert --from-dcp STEP_DIR --out CKPT  sharded (DCP) training checkpoint -> one-file folder
 
     tokenizer.json is copied along when the source folder has one. Nothing is downloaded. An
     existing --out is replaced only when it is empty or a model folder of the kind written (its
     files are the ones the conversion writes); --force replaces any folder. Nothing is written
     when the conversion fails.
     """
-    from .. import load_any, quantize, save
+    from .. import load, load_any, quantize, save
     from ..interop import from_hf, to_hf
 
     if args.quantize is not None and args.from_hf is None:
         raise ValueError(f"--quantize {args.quantize} works with --from-hf (HF folders hold float weights)")
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
-    check_out(args.from_hf or args.to_hf or args.from_gguf or args.to_gguf, args.out)
+    check_out(args.from_hf or args.to_hf or args.from_gguf or args.to_gguf or args.from_dcp, args.out)
     if args.to_gguf is not None:
         from ..interop.gguf import to_gguf
         from ..loading import has_tokenizer, load_tokenizer
@@ -95,6 +97,14 @@ def run(args: argparse.Namespace) -> int:
         text = tokenizer_from_gguf(args.from_gguf).to_str()
         out = to_hf(model, args.out, model_type=args.model_type, tokenizer=text, force=args.force)
         kind = "Hugging Face folder"
+    elif args.from_dcp is not None:
+        from ..models.sharded import is_sharded
+
+        if not is_sharded(args.from_dcp):
+            raise ValueError(f"--from-dcp {args.from_dcp!r}: not a sharded checkpoint (no dcp/ folder inside)")
+        model = load(args.from_dcp)  # every rank's shards stitched into whole tensors
+        out = save(model, args.out, extra_files=_tokenizer(args.from_dcp), force=args.force)
+        kind = f"torchformer checkpoint ({model.config.arch}, {sum(p.numel() for p in model.parameters()):,} params)"
     elif args.from_hf is not None:
         model = from_hf(args.from_hf, rope_pairing=args.rope_pairing, strict=not args.no_strict)
         n_params = sum(p.numel() for p in model.parameters())

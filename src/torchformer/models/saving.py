@@ -20,6 +20,7 @@ from torch import nn
 from ..atomic import write_folder
 from ..configs import ModelConfig
 from ..fast.formats import prepare
+from . import sharded
 from .build import build_model
 from .quantize import Quantization, quantize
 
@@ -106,6 +107,8 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
     ValueError naming the file.
     """
     cfg, quantization = read_config(path)
+    if sharded.is_sharded(path):  # a sharded (DCP) training checkpoint: its shards read as whole tensors
+        return sharded.load_sharded(Path(path), cfg, device)
     weights = Path(path) / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{path} has no {WEIGHTS_FILE}")
