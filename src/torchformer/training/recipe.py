@@ -108,7 +108,9 @@ class Train:
 
 @dataclass(frozen=True, kw_only=True)
 class Dist:
-    strategy: str = "ddp"  # ddp | fsdp
+    strategy: str = "ddp"  # ddp | fsdp | tp | fsdp+tp (training/distributed.py)
+    tp: int = 1  # ranks per tensor-parallel group: the world with "tp", a divisor of it with "fsdp+tp"
+    checkpoint: str = "full"  # full (rank 0 writes whole safetensors) | sharded (DCP: every rank its shards)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +250,24 @@ def _preference(section, objective) -> dict:
     return dict(section)
 
 
+def _dist_problems(recipe: Recipe) -> list[str]:
+    """What tensor parallelism and sharded checkpoints do not cover yet (training/distributed.py)."""
+    t, d, ds = recipe.train, recipe.data, recipe.dist
+    problems = []
+    if ds.checkpoint not in ("full", "sharded"):
+        problems.append(f"dist.checkpoint={ds.checkpoint!r}: must be one of ['full', 'sharded']")
+    if ds.checkpoint == "sharded" and (recipe.finetune.lora is not None or t.objective is not None):
+        problems.append("dist.checkpoint='sharded': not supported with finetune.lora or train.objective yet; use full")
+    if "tp" in ds.strategy:
+        if d.task != "lm" or t.objective is not None or recipe.finetune.lora is not None:
+            problems.append(f"dist.strategy={ds.strategy!r}: trains data.task 'lm' without finetune.lora or "
+                            "train.objective so far")  # fmt: skip
+        if t.label_smoothing:
+            problems.append(f"dist.strategy={ds.strategy!r}: train.label_smoothing={t.label_smoothing} is not "
+                            "supported (the vocabulary-sharded loss has none); use 0")  # fmt: skip
+    return problems
+
+
 def check(recipe: Recipe) -> None:
     """Settings that can be checked before any work, with what is allowed."""
     t, d = recipe.train, recipe.data
@@ -279,6 +299,7 @@ def check(recipe: Recipe) -> None:
         problems.append(f"data.eval_file={d.eval_file!r}: no such file (a UTF-8 text file to score at the end)")
     if t.objective is not None:
         problems += _preference_problems(recipe)
+    problems += _dist_problems(recipe)
     if problems:
         raise ValueError("invalid recipe:\n  - " + "\n  - ".join(problems))
 

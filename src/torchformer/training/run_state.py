@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import determinism, finetune
+from . import determinism, finetune, sharded_checkpoint
 from . import distributed as dist
 from .recipe import Recipe
 
@@ -30,6 +30,8 @@ def resume_point(resume: str | None, out: Path) -> Path | None:
 
 def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy: str, facts: dict):
     """Weights, optimizer, this rank's RNG; returns (step, elapsed seconds, running loss window)."""
+    if sharded_checkpoint.is_sharded(path):  # DCP shards, read into whatever layout this run has
+        return sharded_checkpoint.restore(path, model, optimizer, rt, facts)
     saved = ckpt.load_checkpoint(path)
     state = saved["state"]
     determinism.warn_if_different(state.get("run", {}), facts, path)
@@ -48,6 +50,9 @@ def restore(path: Path, model: nn.Module, optimizer, rt: dist.Runtime, strategy:
 
 def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe: Recipe, out: Path, model, optimizer,
                tok, rt, facts: dict) -> None:  # fmt: skip
+    if recipe.dist.checkpoint == "sharded":  # every rank writes its shards, nothing gathered
+        return sharded_checkpoint.save_state(step=step, elapsed=elapsed, window=window, recipe=recipe, out=out,
+                                             model=model, optimizer=optimizer, tok=tok, rt=rt, facts=facts)  # fmt: skip
     weights, optim_state = dist.gather_state(model, optimizer, recipe.dist.strategy, rt.world)  # all ranks
     weights_file, weights = finetune.saved_weights(model, weights)  # LoRA: the adapters alone
     rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every rank's dropout stream, collected on rank 0

@@ -68,7 +68,7 @@ def train(
     check(recipe)
     finetune.check(recipe)  # LoRA targets exist: before any data or folder is written
     trackers.check(t.log_to)  # train.log_to: known names, extras installed
-    rt = dist.setup(t.device)
+    rt = dist.setup(t.device, recipe.dist.strategy, recipe.dist.tp)
     reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
         torch.set_num_threads(t.threads)
