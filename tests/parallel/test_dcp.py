@@ -129,6 +129,7 @@ def test_convert_and_load_give_a_one_file_folder(tmp_path, straight):
 
 def test_a_sharded_checkpoint_of_another_model_is_refused(tmp_path, straight):
     run = resumed_from(straight, tmp_path, "other", 2)
+    (tmp_path / "corpus.txt").write_text(words_text(400))
     other = tiny_recipe(tmp_path / "other", tmp_path / "corpus.txt", train=STEPS,
                         model={"d_model": 48}, dist={"checkpoint": "sharded"})  # fmt: skip
     with pytest.raises(ValueError, match=r"is a checkpoint of another model: config fields differ: \['d_model'"):

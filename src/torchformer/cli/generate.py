@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     guess.add_argument("--draft", metavar="MODEL", help="speculative decoding with this draft (folder or preset)")
     guess.add_argument("--prompt-lookup", type=int, metavar="K", help="speculative: K tokens by prompt lookup")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="with --draft: tokens guessed per round (3)")
+    p.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="tensor parallel over N processes: torchrun --nproc_per_node N -m torchformer.cli.main ...",
+    )
 
 
 def parse_ids(text: str) -> list[int]:
@@ -88,6 +96,17 @@ class Printer:
         self.shown = text
 
 
+def tp_session(args: argparse.Namespace):
+    """With --tp N (> 1): the launch checked, the process group up and the TP mesh made; else None."""
+    if args.tp == 1:
+        return None
+    from ..parallel.session import TPSession, check_generate
+
+    check_generate(args.tp, draft=args.draft, prompt_lookup=args.prompt_lookup, quantize=args.quantize,
+                   compile=args.compile)  # fmt: skip
+    return TPSession.start(args.tp)
+
+
 def run(args: argparse.Namespace) -> int:
     """Generate from CHECKPOINT given --prompt TEXT (tokenized with the checkpoint's tokenizer.json)
     or --ids 1,2,3. Greedy by default; --temperature/--top-k/--top-p/--min-p sample. For an
@@ -96,9 +115,15 @@ def run(args: argparse.Namespace) -> int:
     dtype = dtype_of(args)
     if args.group_size is not None and args.quantize is None:
         raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
+    split = tp_session(args)  # None without --tp
     tokenizer = tokenizer_for(args.checkpoint, needed=args.prompt is not None)
     prompt = tokenizer.encode(args.prompt).ids if args.prompt is not None else parse_ids(args.ids)
-    model = load_any(args.checkpoint, dtype=dtype, quantize=args.quantize, group_size=args.group_size).eval()
+    if split is None:
+        model = load_any(args.checkpoint, dtype=dtype, quantize=args.quantize, group_size=args.group_size).eval()
+    else:  # every rank reads its slice and runs the same steps; rank 0 alone prints
+        model = split.load(args.checkpoint, dtype)
+        args.seed, quiet = split.seed(args.seed), split.rank != 0
+        sys.stdout = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115
     draft = None if args.draft is None else load_any(args.draft, dtype=dtype).eval()
     eos = model.config.eos_token_id if args.eos_id is None else args.eos_id
     seq2seq = hasattr(model, "encode")

@@ -1,0 +1,61 @@
+"""Issue 31: ``torchrun --nproc_per_node 2 -m torchformer.cli.main generate MODEL --tp 2``: each
+rank reads its slice of model.safetensors; the greedy tokens printed (by rank 0 alone) are the
+single process's. ``--tp`` without torchrun, or with what it does not combine with, is refused."""
+
+import dataclasses
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchformer as tfm
+from tests.decoding import assert_varied, varied_case
+
+from .launch import ROOT, torchrun
+from .tp_worker import GRID, V, build
+
+pytestmark = pytest.mark.xdist_group("parallel")
+
+
+def test_generate_tp_2_prints_the_single_process_tokens(tmp_path):
+    cfg = dataclasses.replace(GRID["gqa-swiglu-untied-bias"], init_std=0.5)
+    candidates = torch.randint(0, V, (12, 5), generator=torch.Generator().manual_seed(2))
+    model, prompt = varied_case(lambda s: build(cfg, s), candidates, 16, 8, seeds=range(6))
+    tfm.save(model, tmp_path / "model")
+    want = tfm.generate(model, prompt, max_new_tokens=16)[0].tolist()
+    assert_varied(want[-16:], 8)
+    ids = ",".join(map(str, prompt[0].tolist()))
+    proc = torchrun(2, "torchformer.cli.main", "generate", str(tmp_path / "model"), "--tp", "2", "--ids", ids,
+                    "--max-new-tokens", "16")  # fmt: skip (the model has no eos: 16 tokens)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == ",".join(map(str, want))  # printed once: rank 0 alone
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ([], r"--tp 2 needs 2 processes, one per shard: launch with torchrun --nproc_per_node 2 \(this launch has "
+             r"WORLD_SIZE=1\)"),
+        (["--quantize", "int8"], r"--tp 2 needs 2 processes"),  # the launch is checked first
+    ],
+)  # fmt: skip
+def test_tp_without_torchrun_is_refused(extra, message):
+    cmd = [sys.executable, "-m", "torchformer.cli.main", "generate", "tiny-shakespeare", "--tp", "2", "--ids", "1,2",
+           *extra]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode != 0
+    assert re.search(message, proc.stderr), proc.stderr[-1500:]
+
+
+def test_what_tp_does_not_combine_with_is_refused(monkeypatch):
+    from torchformer.parallel.session import check_generate
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"--tp 2 with --draft: not supported yet"):
+        check_generate(2, draft="m", prompt_lookup=None, quantize=None, compile=False)
+    with pytest.raises(ValueError, match=r"--tp 2 with --compile: not supported yet"):
+        check_generate(2, draft=None, prompt_lookup=None, quantize=None, compile=True)
