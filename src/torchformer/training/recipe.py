@@ -60,10 +60,24 @@ class Data:
 
 @dataclass(frozen=True, kw_only=True)
 class Optim:
-    lr: float = 1e-3
+    name: str = "adamw"  # adamw | muon: Muon for the blocks' 2-D matrices, AdamW for the rest (optim.py)
+    lr: float = 1e-3  # AdamW's (muon: the embeddings', head's, norms' and biases')
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = 1e-8
     weight_decay: float = 0.1
+    muon_lr: float = 0.02  # muon: the matrices' peak lr (the schedule scales it as it scales lr)
+    momentum: float = 0.95  # muon: Nesterov momentum of the matrices' updates
+
+    def __post_init__(self) -> None:
+        from .optim import OPTIMIZERS
+
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optim.name={self.name!r}: must be one of {list(OPTIMIZERS)}")
+        for key in ("lr", "muon_lr"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"optim.{key}={getattr(self, key)!r}: must be > 0")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"optim.momentum={self.momentum!r}: must be in [0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)

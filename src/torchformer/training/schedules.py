@@ -64,8 +64,9 @@ class Schedule:
         return self.lr - (self.lr - low) * min(1.0, (t - decay_start) / max(1, self.total - decay_start))
 
     def apply(self, optimizer: torch.optim.Optimizer, t: int) -> float:
-        """Set the lr of every param group for update t; returns it."""
+        """Set the lr of every param group for update t (times the group's ``lr_ratio``: Muon's
+        matrices run at their own multiple of optim.lr, optim.py); returns it."""
         lr = self(t)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_ratio", 1.0)
         return lr

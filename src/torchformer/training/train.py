@@ -33,7 +33,7 @@ from . import distributed as dist
 from .batches import LMBatches, MLMBatches, PackedLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
 from .losses import ARCH_OF_TASK, OBJECTIVES
-from .optim import adamw
+from .optim import build as build_optimizer
 from .recipe import Recipe, check
 from .report import Reporter, append_metrics, plot_losses, read_metrics, truncate_metrics
 from .run_state import restore, resume_point, save_state
@@ -100,8 +100,7 @@ def train(
         if t.activation_checkpointing:
             checkpoint_blocks(model)
         wrapped = dist.wrap(objective, rt, recipe.dist.strategy)  # before the optimizer: FSDP swaps in sharded params
-        optimizer = adamw(model, lr=recipe.optim.lr, betas=recipe.optim.betas, eps=recipe.optim.eps,
-                          weight_decay=recipe.optim.weight_decay, device_type=rt.device.type)  # fmt: skip
+        optimizer = build_optimizer(model, recipe.optim, rt.device.type)  # optim.name: adamw | muon
         s = recipe.schedule
         schedule = Schedule(
             s.name, recipe.optim.lr, s.warmup, t.steps, s.min_ratio, s.decay_fraction, cfg.d_model, s.factor
