@@ -245,7 +245,14 @@ def paths_rows(args, dev) -> list[tuple]:
     return rows
 
 
-SECTIONS = {"decode": decode_rows, "train": train_rows, "attention": attention_rows, "paths": paths_rows}
+def tp_rows(args, dev) -> list[tuple]:
+    from benchmarks.gpu_tp import tp_rows as rows  # its own file: torchrun workers per TP degree
+
+    return rows(args, dev)
+
+
+SECTIONS = {"decode": decode_rows, "train": train_rows, "attention": attention_rows, "paths": paths_rows,
+            "tp": tp_rows}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
