@@ -17,6 +17,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "tokenizers": ("train", "tokenizers (training data, a checkpoint's tokenizer.json)"),
     "matplotlib": ("viz", "figures (loss curves, attention maps)"),
     "gguf": ("gguf", "reading and writing GGUF files (llama.cpp, Ollama)"),
+    "lm_eval": ("eval", "lm-evaluation-harness tasks (torchformer eval --tasks, lm_eval --model torchformer)"),
 }
 
 

@@ -1,5 +1,7 @@
 """`torchformer eval`: perplexity and bits per byte of a text file (strided sliding window), or
-token accuracy and exact match of source/target pairs for an encoder-decoder; one JSON line."""
+token accuracy and exact match of source/target pairs for an encoder-decoder; or, with --tasks,
+lm-evaluation-harness tasks through its ``torchformer`` backend (evaluation/lm_eval_run.py); one
+JSON line."""
 
 from __future__ import annotations
 
@@ -16,7 +18,13 @@ from .options import add_dtype, dtype_of
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="checkpoint folder (tfm.save / training) or Hugging Face folder, with tokenizer.json")
-    p.add_argument("--data", required=True, help="UTF-8 text file (LM); .jsonl source/target or .tsv pairs (seq2seq)")
+    p.add_argument("--data", help="UTF-8 text file (LM); .jsonl source/target or .tsv pairs (seq2seq)")
+    p.add_argument("--tasks", help="instead of --data: lm-eval task names, comma-separated (needs torchformer[eval])")
+    p.add_argument("--include-path", default=None, help="with --tasks: a folder of your own lm-eval task YAML files")
+    p.add_argument("--num-fewshot", type=int, default=None, help="with --tasks: examples in each prompt")
+    p.add_argument("--limit", type=float, default=None, help="with --tasks: documents per task (< 1: a fraction)")
+    p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="with --tasks: weight-only quantize")
+    p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens of context per window (default: max_seq_len)")
     p.add_argument("--stride", type=int, default=None, help="tokens the window moves (default: seq_len // 2)")
     p.add_argument("--batch-size", type=int, default=8)
@@ -32,10 +40,18 @@ def run(args: argparse.Namespace) -> int:
     context moved by --stride (stride = seq-len: back-to-back windows; smaller: more context per
     token, more work); prints loss, perplexity, bits_per_byte. Encoder-decoders: teacher-forced
     token accuracy and exact match (== greedy decoding reproducing the target) over the pairs.
-    --dtype scores the model cast to that dtype (the loss is summed in float32 either way)."""
+    --dtype scores the model cast to that dtype (the loss is summed in float32 either way).
+    --tasks instead runs lm-evaluation-harness tasks through its torchformer backend and prints
+    each task's metrics; the task names are checked before the model loads."""
     from ..training.data import read_utf8
 
     dtype = dtype_of(args)
+    if (args.data is None) == (args.tasks is None):
+        raise ValueError("give either --data FILE (perplexity) or --tasks NAMES (lm-evaluation-harness), not both")
+    if args.tasks is not None:
+        return _tasks(args)
+    if args.quantize is not None or args.group_size is not None:
+        raise ValueError("--quantize and --group-size go with --tasks")
     data = Path(args.data)
     if not data.is_file():
         raise FileNotFoundError(f"--data {args.data!r}: no such file")
@@ -58,6 +74,31 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise ValueError(f"{args.model} is an encoder (arch 'encoder'): use `torchformer embed` for it")
     print(json.dumps({"model": str(args.model), "data": str(data), **result}))
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    """lm-eval's per-task metrics on one JSON line; task names are checked before the model loads."""
+    from ..evaluation.lm_eval_run import evaluate_tasks
+
+    if args.adapter is not None:
+        raise ValueError("--adapter is not supported with --tasks yet: merge it first (tfm.lora.merge)")
+    if args.group_size is not None and args.quantize != "int4":
+        raise ValueError(f"--group-size={args.group_size} needs --quantize int4")
+    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    results = evaluate_tasks(
+        args.model,
+        [t.strip() for t in args.tasks.split(",")],
+        include_path=args.include_path,
+        num_fewshot=args.num_fewshot,
+        limit=limit,
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        quantize=args.quantize,
+        group_size=args.group_size,
+    )
+    tasks = {name: {k: v for k, v in row.items() if k != "alias"} for name, row in results["results"].items()}
+    print(json.dumps({"model": str(args.model), "tasks": tasks}))
     return 0
 
 
