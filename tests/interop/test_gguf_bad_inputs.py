@@ -154,3 +154,14 @@ def test_an_expert_count_beyond_the_stacked_experts_is_named(tmp_path, no_reads)
     stacked = r"'blk\.0\.ffn_gate_exps\.weight' has shape \(4, 128, 256\), holding no expert 4"
     with pytest.raises(ValueError, match=stacked):
         from_gguf(path)
+
+
+def test_a_deepseek_v2_router_is_refused_and_split_kv_b_parts_are_checked(tmp_path, no_reads):
+    """llama.cpp's deepseek2 without a gating function is V2's softmax router (our DeepSeek family
+    is V3's sigmoid one); kv_b is read from its two parts, so a missing part is named as missing."""
+    v2 = rewrite(tmp_path / "v2.gguf", family="deepseek2", meta={"deepseek2.expert_gating_func": 1})
+    with pytest.raises(ValueError, match=r"deepseek2.expert_gating_func=1 \(softmax: DeepSeek-V2\); only 2"):
+        from_gguf(v2)
+    half = rewrite(tmp_path / "half.gguf", family="deepseek2", drop=("blk.1.attn_v_b.weight",))
+    with pytest.raises(ValueError, match=r"missing tensor 'blk\.1\.attn_kv_b\.weight'"):
+        from_gguf(half)

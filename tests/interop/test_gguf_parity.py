@@ -3,14 +3,16 @@ llama.cpp's own converter, quantized by llama_model_quantize, run by llama-cpp-p
 KV cache, flash attention off).
 
 Tolerances: an F32 file holds the same numbers for both of us, so the logits differ only by the
-order of fp32 sums (1e-4). An F16 file too, but llama.cpp's CPU product over F16 weights rounds
-the activations to f16 first (ggml's F16 dot product works in f16 pairs), ~2^-11 relative: for
-these logits of size ~1, up to ~1e-3 (measured 5e-4); we bound it at 2e-3. Quantized files too
-hold the same numbers (Q4_0 bit for bit in our Int4Linear, the rest dequantized exactly), but
-llama.cpp multiplies them against activations it quantizes to 8 bits per block of 32 (Q8_0 / Q8_K
-dot products), and we do not: the gap is the
-activations' 8-bit rounding, ~2^-8 relative per product. With these models' logits of size ~1
-that is a few 1e-2; we bound it at 0.1 absolute and check the argmax agrees on most positions.
+order of fp32 sums (1e-4; measured <= 3.2e-6). An F16 file too, but llama.cpp's CPU product over
+F16 weights rounds the activations to f16 first (ggml's F16 dot product works in f16 pairs),
+~2^-11 relative: with the fixtures' logits of size ~2 (gguf_llamacpp.py initialises them wide
+enough for varied greedy text), measured 0.9e-3 (llama) to 3.8e-3 (phi3); we bound it at 5e-3.
+Quantized files too hold the same numbers (Q4_0 bit for bit in our Int4Linear, the rest
+dequantized exactly), but llama.cpp multiplies them against activations it quantizes to 8 bits
+per block of 32 (Q8_0 / Q8_K dot products), and we do not: the gap is the activations' 8-bit
+rounding, ~2^-8 relative per product. With these logits of size ~2 that is several 1e-2 (measured
+up to 0.115, phi3 Q4_K_M); we bound it at 0.15 absolute and check the argmax agrees on most
+positions.
 """
 
 from __future__ import annotations
@@ -30,12 +32,40 @@ pytestmark = pytest.mark.xdist_group("gguf")
 need_llama_cpp()
 
 IDS = [1, 17, 200, 45, 3, 99, 310, 7, 64, 128, 5, 250]
-FLOAT_TOL = {"F32": 1e-4, "F16": 2e-3}
+FLOAT_TOL = {"F32": 1e-4, "F16": 5e-3}
 # ggml's CPU GELU reads a table of f16 inputs (GGML_GELU_FP16), so Gemma's MLP activations carry
-# f16 rounding even in an F32 file: ~2^-11 relative, 4e-4 measured on logits of size ~8. GPT-NeoX
-# too, and there llama.cpp's graph runs the tanh form where Pythia (and we) use the exact GELU.
-GELU_TOL = {"F32": 1e-3, "F16": 3e-3}
-QUANT_TOL = 0.1
+# f16 rounding even in an F32 file: ~2^-11 relative, measured 7.5e-4 (gemma) and 7.9e-4 (gemma2)
+# on logits of size ~2 (F16: 3.1e-3, 2.5e-3).
+GELU_TOL = {"F32": 1.5e-3, "F16": 5e-3}
+# Gemma 3's six layers carry six layers of that GELU (measured 2.6e-3 F32, 8.9e-3 F16 on logits of
+# size ~2.5, uniform over positions: no position- or window-dependent part); GPT-NeoX adds
+# llama.cpp's tanh GELU against Pythia's exact one, and its fixture's wider weights (initializer
+# 0.3, the head scaled down: gguf_llamacpp.py) carry larger f16 rounding (measured 3.6e-3 F16).
+# The Qwen MoE fixtures are initialised at 0.1 (measured F16 2.4e-3 qwen2moe, 1.6e-3 qwen3moe).
+TOL = {
+    **dict.fromkeys(["llama", "llama-tied", "qwen2", "qwen3", "phi3", "phi3-long", "qwen2moe", "qwen3moe"], FLOAT_TOL),
+    "gemma": GELU_TOL,
+    "gemma2": GELU_TOL,
+    "gemma3": {"F32": 5e-3, "F16": 1.5e-2},
+    "gptneox": {"F32": 1e-3, "F16": 6e-3},
+    "olmo2": {"F32": 1e-4, "F16": 2e-3},
+    "deepseek2": FLOAT_TOL,
+}
+QUANT_TOL = 0.15
+# The same wider weights in the quantized NeoX files: 8-bit activation rounding on activations ~10x
+# larger than the other fixtures' (measured 0.15 Q8_0, 0.12 Q4_0, 0.14 Q4_K_M), argmax still checked.
+# The MoE fixtures' Q4_K_M files are coarse at their init (ours and llama.cpp's logits are each 0.5
+# from the F32 model's, the format's own error here) and top-2 routing passes small differences on
+# as expert switches: measured 0.28 between us (Q8_0/Q4_0: 0.03-0.06). Gemma 3's six layers carry
+# six layers of that rounding (measured 0.18 for the Q8_0 file to_gguf writes, test_gguf_write_families;
+# its Q4 files, 0.18-0.33, are left out of the test below).
+QUANT_TOLS = {"gptneox": 0.25, "qwen2moe": 0.5, "qwen3moe": 0.5, "gemma3": 0.25}
+# DeepSeek-V3's sigmoid router picks 2 of 4 experts by score + bias, with near ties at this size: in
+# its Q4_0 / Q4_K_M files one position of 12 switches an expert between us (0.83 / 0.49 there; every
+# other position 0.03-0.1, and our quantized and dequantized loads agree to 0; each of us is 1.2-1.3
+# from the F32 model, the format's own error). Bounded per position: all but one within QUANT_TOL.
+ONE_SWITCH = {"deepseek2": 1.0}
+NEW = ["gemma3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "deepseek2"]  # the families test_f32_logits... covers
 
 
 def ours(path, ids):
@@ -53,48 +83,17 @@ def our_greedy(model, ids, n):
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi3-long"])
-@pytest.mark.parametrize("kind", ["F32", "F16"])
-def test_float_logits_and_greedy_equal_llama_cpp(family, kind):
-    path = gguf_file(family, kind)
-    tol = (GELU_TOL if family.startswith("gemma") else FLOAT_TOL)[kind]
-    assert (ours(path, IDS) - llama_logits(path, IDS)).abs().max() < tol
-    assert our_greedy(from_gguf(path), IDS[:4], 32) == llama_greedy(path, IDS[:4], 32)
-
-
-# Gemma 3's six layers carry six layers of ggml's f16-table GELU (measured 2.6e-3 F32, 8.9e-3 F16 on
-# logits of size ~2.5, uniform over positions: no position- or window-dependent part); GPT-NeoX
-# adds llama.cpp's tanh GELU against Pythia's exact one on the gemma bound.
-# Its F16 bound is wider for the fixture's wider weights (initializer_range 0.3, the head scaled down:
-# gguf_llamacpp.py), whose larger activations carry larger f16 rounding (measured 3.6e-3).
-# The Qwen MoE fixtures are initialised at 0.1 too (measured F16 2.4e-3 qwen2moe, 1.6e-3 qwen3moe).
-MOE_TOL = {"F32": 1e-4, "F16": 5e-3}
-NEW_TOL = {
-    "gemma3": {"F32": 5e-3, "F16": 1.5e-2},
-    "gptneox": {"F32": 1e-3, "F16": 6e-3},
-    "olmo2": FLOAT_TOL,
-    "qwen2moe": MOE_TOL,
-    "qwen3moe": MOE_TOL,
-}
-# The same wider weights in the quantized NeoX files: 8-bit activation rounding on activations ~10x
-# larger than the other fixtures' (measured 0.15 Q8_0, 0.12 Q4_0, 0.14 Q4_K_M), argmax still checked.
-# The MoE fixtures' Q4_K_M files are coarse at their init (ours and llama.cpp's logits are each 0.5
-# from the F32 model's, the format's own error here) and top-2 routing passes small differences on
-# as expert switches: measured 0.28 between us (Q8_0/Q4_0: 0.03-0.06).
-QUANT_TOLS = {"gptneox": 0.25, "qwen2moe": 0.5, "qwen3moe": 0.5}
-
-
-@pytest.mark.parametrize("family", list(NEW_TOL))
+@pytest.mark.parametrize("family", list(TOL))
 @pytest.mark.parametrize("kind", ["F32", "F16"])
 def test_logits_and_varied_greedy_equal_llama_cpp(family, kind):
     path = gguf_file(family, kind)
-    assert (ours(path, IDS) - llama_logits(path, IDS)).abs().max() < NEW_TOL[family][kind]
+    assert (ours(path, IDS) - llama_logits(path, IDS)).abs().max() < TOL[family][kind]
     theirs = llama_greedy(path, IDS[:4], 32)
-    assert_varied(theirs)
+    assert_varied(theirs)  # measured 16-31 distinct tokens in 32
     assert our_greedy(from_gguf(path), IDS[:4], 32) == theirs
 
 
-@pytest.mark.parametrize("family", list(NEW_TOL))
+@pytest.mark.parametrize("family", NEW)
 def test_f32_logits_equal_the_hugging_face_model(family):
     """The file read back is the model that was converted: transformers' own forward on the same
     weights (F32: the same numbers), 1e-4. This holds what llama.cpp's graph leaves unsaid in the
@@ -108,12 +107,18 @@ def test_f32_logits_equal_the_hugging_face_model(family):
     assert (ours(gguf_file(family), IDS) - theirs).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "phi3", "gptneox", "olmo2", "qwen2moe", "qwen3moe"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen2", "gemma2", "phi3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "deepseek2"]
+)
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_quantized_logits_within_the_formats_error(family, kind):
     path = gguf_file(family, kind)
     a, b = ours(path, IDS), llama_logits(path, IDS)
-    assert (a - b).abs().max() < QUANT_TOLS.get(family, QUANT_TOL)
+    if family in ONE_SWITCH:
+        assert (a - b).abs().max() < ONE_SWITCH[family]
+        assert ((a - b).abs().amax(-1) >= QUANT_TOL).sum() <= 1
+    else:
+        assert (a - b).abs().max() < QUANT_TOLS.get(family, QUANT_TOL)
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() >= 0.75
 
 

@@ -30,12 +30,20 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   rope_factors_long/short tensors. llama.cpp picks the long factors when the context it was
   started with exceeds the original one, we (as transformers) when the sequence does: the same
   below the original length, which is what the tests cover.
+- ``deepseek2`` (DeepSeek-V3; V2's softmax router is not among our DeepSeek family's settings):
+  MLA written as MQA (head_count_kv 1, key_length kv_rank + rope dim); the per-head sizes are the
+  ``*_mla`` keys. ``kv_b_proj`` is split into per-head ``attn_k_b`` (transposed: (H, kv_rank,
+  nope)) and ``attn_v_b`` ((H, v, kv_rank)) for llama.cpp's absorbed attention: JOINED puts them
+  back. Rotary pairs interleaved (transformers' rope_interleave; not permuted by the converter);
+  the router's selection bias is ``exp_probs_b.bias`` (the converter renames HF's
+  ``e_score_correction_bias`` to ``e_score_correction.bias`` before its table: NAME_FIXES).
 - Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
   as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,6 +124,42 @@ def _moe(norm_topk: bool, shared: bool) -> Callable[[GGUFFile, str, dict], dict]
     return extra
 
 
+def _deepseek2(f: GGUFFile, arch: str, hf: dict) -> dict:
+    """DeepSeek-V3's config.json from llama.cpp's deepseek2 keys (its MQA view undone)."""
+    gating = f.get(f"{arch}.expert_gating_func", 1)  # llama.cpp: absent means V2's softmax
+    if gating != 2:
+        raise ValueError(f"{f.path}: {arch}.expert_gating_func={gating} (softmax: DeepSeek-V2); only 2 (sigmoid, "
+                         "DeepSeek-V3) is supported")  # fmt: skip
+    rope = f.require(f"{arch}.rope.dimension_count")
+    out = {
+        "num_key_value_heads": hf["num_attention_heads"],
+        "kv_lora_rank": f.require(f"{arch}.attention.kv_lora_rank"),
+        "q_lora_rank": f.get(f"{arch}.attention.q_lora_rank"),
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": f.require(f"{arch}.attention.key_length_mla") - rope,
+        "v_head_dim": f.require(f"{arch}.attention.value_length_mla"),
+        "rope_interleave": True,
+        "first_k_dense_replace": f.get(f"{arch}.leading_dense_block_count", 0),
+        "n_routed_experts": f.require(f"{arch}.expert_count"),
+        "num_experts_per_tok": f.require(f"{arch}.expert_used_count"),
+        "moe_intermediate_size": f.require(f"{arch}.expert_feed_forward_length"),
+        "n_shared_experts": f.get(f"{arch}.expert_shared_count", 0),
+        "routed_scaling_factor": f.get(f"{arch}.expert_weights_scale", 1.0),
+        "norm_topk_prob": f.get(f"{arch}.expert_weights_norm", False),
+        "n_group": f.get(f"{arch}.expert_group_count", 1),
+        "topk_group": f.get(f"{arch}.expert_group_used_count", 1),
+    }
+    log_mul = f.get(f"{arch}.rope.scaling.yarn_log_mul")
+    if log_mul is not None:  # the converter writes 0.1 * mscale_all_dim (its [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
+        out["rope_parameters"] = {**hf["rope_parameters"], "mscale_all_dim": log_mul / 0.1, "mscale": log_mul / 0.1}
+    return out
+
+
+def _join_kv_b(k_b: Tensor, v_b: Tensor) -> Tensor:
+    """(H, kv_rank, nope) and (H, v, kv_rank) -> HF's kv_b_proj (H * (nope + v), kv_rank)."""
+    return torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1)
+
+
 ARCHS: dict[str, Arch] = {
     "llama": Arch("llama", permuted_qk=True),
     "qwen2": Arch("qwen2"),
@@ -145,10 +189,15 @@ ARCHS: dict[str, Arch] = {
     "olmo2": Arch("olmo2", extra=_no_windows),
     "qwen2moe": Arch("qwen2_moe", extra=_moe(norm_topk=False, shared=True)),
     "qwen3moe": Arch("qwen3_moe", extra=_moe(norm_topk=True, shared=False)),
+    "deepseek2": Arch("deepseek_v3", extra=_deepseek2),
 }
+# GGUF tensor kind -> (the kinds the converter stores it as, how they join back into it)
+JOINED: dict[str, tuple[tuple[str, ...], Callable[..., Tensor]]] = {"attn_kv_b": (("attn_k_b", "attn_v_b"), _join_kv_b)}
+NAME_FIXES = (("e_score_correction_bias", "e_score_correction.bias"),)  # the converter's renames before its table
 NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm", "output_norm", "attn_q_norm", "attn_k_norm")
 SCALINGS = ("none", "linear", "yarn")  # {arch}.rope.scaling.type values read (Llama 3's is a tensor)
 AUX_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")  # config, not weights
+EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)\.weight")  # one expert's HF matrix: prefix, index, leaf
 
 
 def arch_of(f: GGUFFile) -> tuple[str, Arch]:
@@ -214,6 +263,13 @@ def _rope_scaling(f: GGUFFile, name: str) -> dict:
     if kind == "yarn":
         return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original}
     return {"rope_type": "default"}
+
+
+def gguf_name(table, hf_name: str) -> str | None:
+    """An HF tensor name's GGUF name (None: the architecture has no such tensor)."""
+    for theirs, fixed in NAME_FIXES:
+        hf_name = hf_name.replace(theirs, fixed)
+    return table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
 
 
 def name_table(arch_name: str, n_layers: int):

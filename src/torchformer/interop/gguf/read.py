@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections import Counter
 
 import torch
@@ -24,12 +23,11 @@ from ...models.quantize import Quantization, targets
 from ...models.saving import build_meta, materialize, unique_state
 from ...nn.quant import Int4Linear
 from ..hf import FAMILIES
-from .archs import AUX_TENSORS, arch_of, hf_config, name_table, row_transforms
+from .archs import AUX_TENSORS, EXPERT, JOINED, arch_of, gguf_name, hf_config, name_table, row_transforms
 from .container import FLOAT_TYPES, GGUFFile, open_gguf
 from .weights import float_tensor, q4_0_linear, raw_rows
 
 logger = logging.getLogger(__name__)
-EXPERT = re.compile(r"(.*\.experts)\.(\d+)\.(\w+)\.weight")  # one expert's HF matrix: prefix, index, leaf
 
 
 def _plan(path: str | os.PathLike) -> tuple[GGUFFile, dict, object, ModelConfig]:
@@ -89,7 +87,7 @@ def from_gguf(
     keymap = family.keymap(cfg, None)
     ours = unique_state(model)
     theirs = keymap.to_theirs(ours).tensors  # HF name -> meta tensor (the shapes a folder would hold)
-    names, experts = _gguf_names(f, theirs)
+    names, experts, joined = _gguf_names(f, theirs)
     undo = row_transforms(arch_of(f)[0], hf, to_gguf=False)
 
     def rows(hf_name: str) -> Tensor:
@@ -98,6 +96,10 @@ def from_gguf(
         return raw[experts[hf_name]] if hf_name in experts else raw  # one expert's rows of the stacked tensor
 
     def tensor(hf_name: str) -> Tensor:
+        if hf_name in joined:  # joined in float32, then the model's dtype
+            parts, join = joined[hf_name]
+            whole = join(*(float_tensor(f, p, raw_rows(f, p), torch.float32, f.torch_shape(p)) for p in parts))
+            return whole.reshape(theirs[hf_name].shape).to(dtype)
         return float_tensor(f, names[hf_name], rows(hf_name), dtype, tuple(theirs[hf_name].shape))
 
     quantized = _q4_0_modules(f, model, keymap, names, rows, dtype, set(experts)) if quantized else {}
@@ -113,17 +115,24 @@ def from_gguf(
     return model
 
 
-def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> tuple[dict[str, str], dict[str, int]]:
+def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]):
     """(HF name -> GGUF name, HF name of one expert -> its index in the GGUF tensor stacking all
-    experts) for every tensor the model needs; missing, mis-shaped and unknown tensors all named in
-    one ValueError."""
+    experts, HF name -> (GGUF parts, join) for tensors stored split: archs.JOINED) for every tensor
+    the model needs; missing, mis-shaped and unknown tensors all named in one ValueError."""
     arch_name, _ = arch_of(f)
     table = name_table(arch_name, f.require(f"{arch_name}.block_count"))
-    names, experts, problems = {}, {}, []
+    names, experts, joined, problems = {}, {}, {}, []
     for hf_name, meta in theirs.items():
         one = EXPERT.fullmatch(hf_name)  # llama.cpp's converter stacks the experts: (n_experts, out, in)
-        g = table.get_name(f"{one[1]}.{one[3]}.weight" if one else hf_name, try_suffixes=(".weight", ".bias"))
+        g = gguf_name(table, f"{one[1]}.{one[3]}.weight" if one else hf_name)
         shape = f.torch_shape(g) if g in f.tensors else None
+        kind = g.split(".")[-2] if g else None
+        if shape is None and kind in JOINED:  # stored as parts (DeepSeek's kv_b as k_b and v_b)
+            kinds, join = JOINED[kind]
+            parts = tuple(g.replace(f".{kind}.", f".{k}.") for k in kinds)
+            if all(p in f.tensors for p in parts):
+                joined[hf_name] = (parts, join)
+                shape = tuple(join(*(torch.empty(f.torch_shape(p), device="meta") for p in parts)).shape)
         if one and shape is not None:  # compare one expert's slice; an index past the stack never matches
             experts[hf_name] = int(one[2])
             shape = shape[1:] if experts[hf_name] < shape[0] else f"{shape}, holding no expert {one[2]}"
@@ -131,13 +140,15 @@ def _gguf_names(f: GGUFFile, theirs: dict[str, Tensor]) -> tuple[dict[str, str],
             problems.append(f"missing tensor {g or hf_name!r}")
         elif _squeezed(shape) != _squeezed(tuple(meta.shape)):
             problems.append(f"tensor {g!r} has shape {shape} (PyTorch order), the metadata implies {tuple(meta.shape)}")
-        names[hf_name] = g
-    unknown = sorted(set(f.tensors) - set(names.values()) - set(AUX_TENSORS))
+        if hf_name not in joined:
+            names[hf_name] = g
+    used = {*names.values(), *(p for parts, _ in joined.values() for p in parts)}
+    unknown = sorted(set(f.tensors) - used - set(AUX_TENSORS))
     if unknown:
         problems.append(f"tensors this architecture does not have: {unknown}")
     if problems:
         raise ValueError(f"{f.path} does not fit its metadata:\n  - " + "\n  - ".join(problems))
-    return names, experts
+    return names, experts, joined
 
 
 def _squeezed(shape) -> tuple:

@@ -20,18 +20,18 @@ from pathlib import Path
 import numpy as np
 from torch import nn
 
-from ...configs import LinearScaling, Llama3Scaling, LongRoPE, ModelConfig, RoPE
-from ...nn.rope_scaling import default_inv_freq, llama3_inv_freq
+from ...configs import ModelConfig
 from ..hf import check_unquantized
-from .archs import ARCHS, name_table, row_transforms
 from .container import gguf_module
-from .exportable import export_plan, writer_transforms
+from .exportable import export_plans, gguf_tensors, shapes
+from .metadata import check_reads_back, write_metadata
 from .quantize import K_QUANTS, check_k_quant, k_quantize
 from .vocab import tokenizer_metadata, write_tokenizer
 
 logger = logging.getLogger(__name__)
 DTYPES = ("f16", "bf16", "q8_0", "q4_0", *K_QUANTS)
 FILE_TYPES = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2}  # llama.cpp's LLAMA_FTYPE_MOSTLY_*
+ROUTERS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")
 
 
 def to_gguf(
@@ -42,10 +42,12 @@ def to_gguf(
     tokenizer=None,
     chat_template: str | None = None,
 ) -> Path:
-    """Write ``model`` (a float torchformer decoder of a Llama, Mistral, Qwen2, Qwen3 or GPT-2 layout) to
-    the GGUF file ``path`` with its ``tokenizer`` (a ``tokenizers.Tokenizer``: byte-level BPE, or
-    `torchformer train`'s byte or char kinds; llama.cpp needs a vocabulary to load a model) and
-    ``chat_template`` (Jinja text, written as tokenizer.chat_template). ``dtype``: f16, bf16, q8_0,
+    """Write ``model`` (a float torchformer decoder of a layout llama.cpp runs: Llama, Mistral, Qwen2,
+    Qwen3, Gemma 1-3, Phi-3, OLMo 2, GPT-NeoX, Qwen2-MoE, Qwen3-MoE or GPT-2) to the GGUF file
+    ``path`` with its ``tokenizer`` (a ``tokenizers.Tokenizer``: byte-level BPE, or `torchformer
+    train`'s byte or char kinds; llama.cpp needs a vocabulary to load a model) and
+    ``chat_template`` (Jinja text, written as tokenizer.chat_template). A model whose file llama.cpp
+    would run as another model (a setting its graph fixes otherwise) is refused, naming it. ``dtype``: f16, bf16, q8_0,
     q4_0, or a K-quant (q4_k_m, ...: needs llama-cpp-python). Returns the path. Everything is
     checked before writing."""
     cfg = getattr(model, "config", None)
@@ -61,23 +63,25 @@ def to_gguf(
         check_k_quant(dtype)
     check_unquantized(model)
     vocab = tokenizer_metadata(tokenizer, cfg, chat_template)
-    plan = export_plan(model)
-    arch, cfg = plan.arch, plan.cfg
-    heads = {"num_attention_heads": cfg.attention.n_heads, "num_key_value_heads": cfg.n_kv_heads}
     gguf = gguf_module()
-    writer = gguf.GGUFWriter(None, arch)
     matrices = "f16" if dtype in K_QUANTS else dtype
-    _metadata(writer, cfg, FILE_TYPES[matrices])
+    refusals = []
+    for plan in export_plans(model):
+        writer = gguf.GGUFWriter(None, plan.arch)
+        aux = write_metadata(writer, plan.arch, plan.cfg, plan.hf, FILE_TYPES[matrices])
+        try:  # the metadata and tensor names, read back, are this model: else the next layout
+            check_reads_back(writer, plan.arch, {**shapes(plan), **{n: a.shape for n, a in aux.items()}}, aux, plan.cfg)
+            break
+        except ValueError as err:
+            refusals.append(str(err))
+    else:
+        raise ValueError("\n".join(refusals))
+    tensors = gguf_tensors(plan)
     write_tokenizer(writer, vocab)
-    table = name_table(arch, cfg.n_layers)
-    redo = {**(row_transforms(arch, heads, to_gguf=True) if arch in ARCHS else {}), **writer_transforms(arch)}
-    for hf_name, tensor in plan.state.items():
-        name = table.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        t = redo.get(name.split(".")[-2], lambda x: x)(tensor.detach().float())
+    for name, t in tensors.items():
         _add(writer, gguf, name, t.numpy(), matrices)
-    freqs = _rope_freqs(cfg)
-    if freqs is not None:  # Llama 3 scaling: per-frequency divisors as a tensor, as the converter writes it
-        writer.add_tensor("rope_freqs.weight", freqs)
+    for name, values in aux.items():  # RoPE tables: f32, as the converter writes them
+        writer.add_tensor(name, values)
     out = Path(path)
     tmp = out.with_name(out.name + ".partial")
     writer.write_header_to_file(tmp)
@@ -92,54 +96,10 @@ def to_gguf(
     return out
 
 
-def _metadata(writer, cfg: ModelConfig, file_type: int) -> None:
-    a = cfg.attention
-    writer.add_name(f"torchformer {writer.arch}")
-    writer.add_context_length(cfg.max_seq_len)
-    writer.add_embedding_length(cfg.d_model)
-    writer.add_feed_forward_length(cfg.d_ff)
-    writer.add_block_count(cfg.n_layers)
-    writer.add_head_count(a.n_heads)
-    writer.add_head_count_kv(cfg.n_kv_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    if cfg.block.norm == "layernorm":
-        writer.add_layer_norm_eps(cfg.block.norm_eps)
-    else:
-        writer.add_layer_norm_rms_eps(cfg.block.norm_eps)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_file_type(file_type)
-    writer.add_quantization_version(2)
-    if isinstance(cfg.positions, RoPE):
-        writer.add_rope_dimension_count(cfg.head_dim)
-        writer.add_rope_freq_base(cfg.positions.base)
-        if isinstance(cfg.positions.scaling, LinearScaling):
-            writer.add_rope_scaling_type(gguf_module().RopeScalingType.LINEAR)
-            writer.add_rope_scaling_factor(cfg.positions.scaling.factor)
-
-
-def _rope_freqs(cfg: ModelConfig) -> np.ndarray | None:
-    """Per-frequency divisors for the schemes llama.cpp's llama graph takes as a rope_freqs tensor;
-    None for plain and linear RoPE; ValueError for the rest."""
-    pos = cfg.positions
-    s, dim = getattr(pos, "scaling", None), cfg.head_dim
-    if s is None or isinstance(s, LinearScaling):
-        return None
-    if isinstance(s, Llama3Scaling):
-        scaled = llama3_inv_freq(dim, pos.base, s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_seq_len)
-        return (default_inv_freq(dim, pos.base) / scaled).float().numpy()
-    if isinstance(s, LongRoPE) and s.short_factor == s.long_factor and s.attention_factor == 1.0:
-        return np.asarray(s.short_factor, dtype=np.float32)
-    raise ValueError(
-        f"positions.scaling={type(s).__name__}: GGUF export writes plain, linear and Llama 3 RoPE scaling "
-        "(and per-frequency divisors read from a GGUF file)"
-    )
-
-
 def _add(writer, gguf, name: str, values: np.ndarray, dtype: str) -> None:
-    """One tensor: vectors F32; matrices in ``dtype`` (Q8_0 / Q4_0 need rows a multiple of 32:
-    others are written f16, logged)."""
-    if values.ndim < 2:
+    """One tensor: vectors and MoE routers F32 (llama.cpp's quantizer leaves routers so); matrices in
+    ``dtype`` (Q8_0 / Q4_0 need rows a multiple of 32: others are written f16, logged)."""
+    if values.ndim < 2 or name.endswith(ROUTERS):
         writer.add_tensor(name, values.astype(np.float32))
         return
     if dtype == "f16":
