@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..nn.backends import prefix_sdpa, sdpa_prefix
+from ..nn.backends import LIBRARY, sdpa_prefix
 from .native import kernels
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # what the kernel reads keys and values in
 MAX_HEAD = 128  # a bf16 cache needs the register path: E == Ev <= 128
 
 
-@prefix_sdpa.register_kernel("cpu")
 def prefix_attention(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live: Tensor, scale: float) -> Tensor:
     """q (B, H, T, E) over the first ``live`` slots of k, v (B, K, S, E) -> (B, H, T, E)."""
     n = int(live)
@@ -27,6 +26,9 @@ def prefix_attention(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live:
         out = kernels().decode_attention(q.float(), k, v, fp32_term, n, scale)  # (B, H, 1, E) fp32
         return out.to(q.dtype)
     return sdpa_prefix(q, k, v, term, n, scale)
+
+
+LIBRARY.impl("prefix_sdpa", prefix_attention, "CPU")
 
 
 def decodes(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None) -> bool:

@@ -147,17 +147,19 @@ class PanelLinear(QuantLinear):
 
 
 class Int8Panels(PanelLinear, Int8Linear):
-    """``Int8Linear`` as panels (P, K / 4, 16, 4) int8 (each 64-byte line: 4 inputs of 16 outputs)
-    and its row scales padded to P * 16 (the kernel's (P, 1, 16): one group of K inputs)."""
+    """``Int8Linear`` as panels (P, K / 4, 16, 4) of bytes q + 128 (each 64-byte line: 4 inputs of
+    16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its row scales padded
+    to P * 16 (the kernel's (P, 1, 16): one group of K inputs)."""
 
     def allocate(self, group_size: int | None) -> None:
         P, K = -(-self.out_features // LANES), self.in_features
-        self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.int8), persistent=False)
+        self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.uint8), persistent=False)
         self.register_buffer("scale", torch.zeros(P * LANES), persistent=False)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
-        block = panels(q.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
+        u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
+        block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
         self.panels[p : p + block.shape[0]] = block
         self.scale[rows] = scale
 
@@ -166,7 +168,8 @@ class Int8Panels(PanelLinear, Int8Linear):
 
     def portable(self) -> Int8Linear:
         N = self.out_features
-        return Int8Linear(from_panels(self.panels, N).reshape(N, -1), self.scale[:N].clone(), self.bias)
+        q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
+        return Int8Linear(q, self.scale[:N].clone(), self.bias)
 
 
 class Int4Panels(PanelLinear, Int4Linear):

@@ -12,13 +12,13 @@
 // Layout (fast/formats.py writes it): panels of 16 output rows, as kernels.cpp's, each one
 // sequential stream; in a panel, each 64-byte line holds the 16 outputs' weights for a few
 // consecutive inputs, 4 bytes per output (one 32-bit lane of a register):
-//   int8: inputs k..k+3, one signed byte each;
-//   int4: inputs k..k+7, byte i holding input k+i (low nibble) and k+4+i (high nibble), each q+8.
-// `vpdpbusd` multiplies unsigned by signed bytes. int4's nibbles are unsigned already (q + 8), so
-// the sum over a block is sum((q + 8) x) = sum(q x) + 8 sum(x), corrected once per block with the
-// block's sum of x. int8 weights are signed, so x goes in as |x| and the sign moves onto the
-// weight (negated where x < 0): exact, and |x| * w never overflows `vpmaddubsw`'s 16-bit pair sums
-// (2 * 127 * 127 < 32767), which the offset trick would (2 * 255 * 127).
+//   int8: inputs k..k+3, one byte each, q + 128;
+//   int4: inputs k..k+7, byte i holding input k+i (low nibble) and k+4+i (high nibble), each q + 8.
+// `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
+// 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
+// block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
+// for (q + 128) x (2 * 255 * 127 > 32767), so int8 flips back to signed q and takes |x| with the
+// sign moved onto the weight (negated where x < 0): exact, 2 * 127 * 127 < 32767.
 //
 // Numerics: the weights are exactly the reference module's q and scales; the activations are
 // rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
@@ -34,7 +34,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string>
 
 namespace {
 
@@ -45,10 +47,20 @@ constexpr int64_t BLOCK_BYTES = 16384;
 
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
+// Whether to run the VNNI copies: the CPU has AVX512-VNNI and TORCHFORMER_VNNI is not 0 (the
+// tests run the other copies on a VNNI machine through it).
 bool vnni() {
-  static const bool has = __builtin_cpu_supports("avx512vnni");
+  static const bool has = [] {
+    const char* env = std::getenv("TORCHFORMER_VNNI");
+    return __builtin_cpu_supports("avx512vnni") && !(env && std::string(env) == "0");
+  }();
   return has;
 }
+
+// What a block's integer sum overcounts, per unit of the block's sum of q_x: the stored weights
+// are q + offset (int4's nibbles q + 8; int8's bytes q + 128 for `vpdpbusd`, whose first operand
+// is unsigned; the copies without VNNI flip int8 back to signed and need none).
+int32_t weight_offset(bool int4, bool with_vnni) { return int4 ? 8 : with_vnni ? 128 : 0; }
 
 // x rows quantized per block of B inputs.
 struct Acts {
@@ -132,8 +144,9 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   auto xs = torch::empty({R, K / B}, x.options());
   auto bias = torch::empty({R, K / B}, x.options().dtype(at::kInt));
   const float* xp = x.data_ptr<float>();
+  const int32_t offset = weight_offset(F::KL == 8, vnni());
   for (int64_t r = 0; r < R; ++r)
-    quantize_row(xp + r * K, K, B, F::OFFSET, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
+    quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
                  bias.data_ptr<int32_t>() + r * (K / B));
   auto out = torch::empty({R, N}, x.options());
   const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr<float>(), K, G};
@@ -147,10 +160,10 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
 
 }  // namespace
 
-// x (R, K) fp32; panels (P, K / 4, 16, 4) int8; scale (P, K / group, 16) fp32 -> (R, N) fp32.
+// x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 -> (R, N) fp32.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group) {
-  TORCH_CHECK(wp.scalar_type() == at::kChar, "int8_mm: panels must be int8");
+  TORCH_CHECK(wp.scalar_type() == at::kByte, "int8_mm: panels must be uint8 (q + 128)");
   return product<plain::Int8, with_vnni::Int8>(x, wp, scale, N, group, "int8_mm");
 }
 
