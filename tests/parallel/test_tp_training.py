@@ -44,3 +44,38 @@ def test_a_tensor_parallel_step_equals_the_single_process_step(tmp_path, single,
     # Two AdamW steps at lr 3e-3 move every weight by ~1e-3, so an untrained or half-trained copy fails.
     for name, tensor in saved.items():
         torch.testing.assert_close(tensor, single[name], atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "tp", "world", "match"),
+    [
+        ("tp", 2, 1, r"dist.strategy='tp' needs several processes: launch with torchrun --nproc_per_node N"),
+        ("tp", 3, 4, r"dist.tp=3: with dist.strategy 'tp' every rank is in the TP group \(tp = world = 4\)"),
+        ("fsdp+tp", 3, 4, r"dist.tp=3: 'fsdp\+tp' needs 2 <= tp < world=4 with tp dividing the world"),
+        ("fsdp+tp", 4, 4, r"dist.tp=4: 'fsdp\+tp' needs 2 <= tp < world=4"),
+        ("ddp", 2, 2, r"dist.tp=2 needs dist.strategy 'tp' or 'fsdp\+tp', not 'ddp'"),
+        ("tp", 0, 2, r"dist.tp=0: must be an integer >= 1"),
+        ("pp", 1, 2, r"dist.strategy='pp': must be one of \['ddp', 'fsdp', 'tp', 'fsdp\+tp'\]"),
+    ],
+)
+def test_a_layout_the_launch_cannot_make_is_refused_before_any_work(strategy, tp, world, match):
+    from torchformer.training.distributed import check_layout
+
+    with pytest.raises(ValueError, match=match):
+        check_layout(strategy, tp, world)
+
+
+@pytest.mark.parametrize(
+    ("sections", "match"),
+    [
+        ({"dist": {"strategy": "tp", "tp": 2}, "train": {"label_smoothing": 0.1}}, r"train.label_smoothing=0.1 is not"),
+        ({"dist": {"checkpoint": "whole"}}, r"dist.checkpoint='whole': must be one of \['full', 'sharded'\]"),
+        ({"dist": {"checkpoint": "sharded"}, "finetune": {"lora": {"rank": 4}}}, r"not supported with finetune.lora"),
+    ],
+)
+def test_what_tp_training_does_not_cover_yet_is_refused(tmp_path, sections, match):
+    from torchformer.training.recipe import check
+
+    (tmp_path / "corpus.txt").write_text(words_text(10))
+    with pytest.raises(ValueError, match=match):
+        check(tiny_recipe(tmp_path / "run", tmp_path / "corpus.txt", **sections))

@@ -41,7 +41,8 @@ def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe, 
 
     rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every data-parallel rank's stream, on rank 0
     state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
-             "tokenizer_kind": tok.kind, "window": list(window), "run": facts, "finetune": None}  # fmt: skip
+             "tokenizer_kind": tok.kind, "window": list(window), "run": _with_tp(facts, rt),
+             "finetune": None}  # fmt: skip
     save_sharded(out, step, model=model, optimizer=optimizer, rng=rng, state=state, config=model.config.to_dict(),
                  tokenizer_json=tok.to_json(), keep_last=recipe.train.keep_last, is_main=rt.is_main)  # fmt: skip
 
@@ -52,7 +53,7 @@ def restore(path: Path, model: nn.Module, optimizer, rt, facts: dict) -> tuple[i
 
     saved = load_sharded(path, model, optimizer)
     state = saved["state"]
-    determinism.warn_if_different(state.get("run", {}), facts, path)
+    determinism.warn_if_different(state.get("run", {}), _with_tp(facts, rt), path)
     rng = ckpt.rank_rng(saved["rng"], rt.rank)
     if rng is not None:
         ckpt.restore_rng(rng, rt.device)
@@ -60,6 +61,12 @@ def restore(path: Path, model: nn.Module, optimizer, rt, facts: dict) -> tuple[i
         torch.manual_seed(state["seed"] + rt.rank + 7919 * state["step"])
     window = state.get("window", [0.0, 0])
     return state["step"], state["elapsed_s"], (window[0], window[1])
+
+
+def _with_tp(facts: dict, rt) -> dict:
+    """The run facts plus the TP degree: TP's all-reduces sum in another order than one process,
+    so a resume that changes it is not bit-exact either (the world in the facts is data-parallel)."""
+    return {**facts, "tp": rt.tp}
 
 
 def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: dict, state: dict, config: dict,
