@@ -153,6 +153,10 @@ class Grammars:
         return Constraint(self, compiled)
 
 
+class Stuck(Exception):
+    """The grammar needs a token the vocabulary does not have (Constraint.stuck)."""
+
+
 class Constraint:
     """One choice's matcher and its next-token bitmask (engine thread only)."""
 
@@ -173,9 +177,20 @@ class Constraint:
         self.xgr.apply_token_bitmask_inplace(logits, self.bitmask, vocab_size=self.vocab_size)
         return logits
 
+    @property
+    def stuck(self) -> bool:
+        """The mask allows no token at all, not even an end: the vocabulary cannot go on (a
+        character vocabulary without a character the format needs next, e.g. '@' of a pattern).
+        Looked at only once a choice fails (the all -inf row it then chooses from)."""
+        return not bool(self.bitmask.any())
+
     def advance(self, token: int) -> bool:
-        """Accept a chosen token; True once the grammar has ended (or allows only its end)."""
-        if not self.matcher.accept_token(token):  # a bug (its mask allowed it): end the choice, keep the engine
+        """Accept a chosen token; True once the grammar has ended (or allows only its end).
+        Raises Stuck when the mask allowed nothing (the token came from an all -inf row)."""
+        if not self.matcher.accept_token(token):
+            if self.stuck:
+                raise Stuck
+            # A bug (its mask allowed it): end the choice, keep the engine.
             log.error("the grammar rejected token %d, which its mask allowed; the choice ends", token)
             return True
         if self.matcher.is_terminated():
@@ -193,10 +208,12 @@ def masked_argmax(logits, constraints: list[Constraint], rows: list[int]):
     leave greedy logits unchanged). The caller's logits, which logprobs read, are not touched."""
     import torch
 
+    from .topk import argmax
+
     picked = logits[rows].float()  # (m, V), a copy
     bitmask = torch.cat([c.bitmask for c in constraints])  # (m, W)
     constraints[0].xgr.apply_token_bitmask_inplace(picked, bitmask, vocab_size=constraints[0].vocab_size)
-    return picked.argmax(-1)
+    return argmax(picked)
 
 
 class Compilers:

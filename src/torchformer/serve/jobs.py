@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..generation.generate import History
 from ..generation.sampling import choose, processed
+from .grammar import Stuck
 from .logprobs import TokenLogprob
 from .metrics import Metrics
 from .protocol import APIError, Params
@@ -131,10 +132,15 @@ class Job:
         now = time.monotonic()
         metrics.observe(metrics.inter_token if self.tokens else metrics.ttft, now - (self.last_time or self.created))
         self.last_time = now
+        try:
+            ended = self.constraint is not None and self.constraint.advance(token)  # the grammar has ended
+        except Stuck:  # the token came from an all -inf row: nothing the model has may come next
+            self.fail(self.unwritable(), metrics)
+            return True
         self.tokens.append(token)
         self.pos += 1
         text, stopped = self.text.add(token)
-        stopped |= self.constraint is not None and self.constraint.advance(token)  # the grammar has ended
+        stopped |= ended
         reason = "stop" if stopped or token in eos else "length" if len(self.tokens) >= self.max_tokens else None
         if reason is not None:
             text += self.text.flush()
@@ -142,6 +148,18 @@ class Job:
         if reason is not None:
             self.finish(reason, metrics)
         return reason is not None
+
+    def unwritable(self) -> APIError:
+        """The 400 of a format this model's vocabulary cannot finish (grammar.Constraint.stuck)."""
+        param = "tools" if self.params.response_format.kind == "structural_tag" else "response_format"
+        written = self.text.texts.decode(self.tokens)
+        return APIError(
+            400,
+            f"{param}: this model's vocabulary cannot continue text of this format after {written!r}: none "
+            "of its tokens may come next (a character-level vocabulary may lack a character the format needs)",
+            param=param,
+            code="unwritable_format",
+        )
 
     def finish(self, reason: str, metrics: Metrics) -> None:
         metrics.finish(reason)

@@ -136,7 +136,11 @@ class Scheduler:
             self.admission.give_back()
 
     def fail(self, job: Job, what: str, err: Exception) -> None:
-        """Fail one request with a 500 saying what failed (called inside its except block)."""
+        """Fail one request with a 500 saying what failed (called inside its except block), or
+        with the APIError raised about the request itself."""
+        if isinstance(err, APIError):
+            job.fail(err, self.metrics)
+            return
         log.exception("%s: request %s", what, job.id)
         job.fail(APIError(500, f"{what}: {err!r}", type="server_error"), self.metrics)
 
