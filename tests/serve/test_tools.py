@@ -20,8 +20,9 @@ import torch
 
 import torchformer as tfm
 from tests.serve.conftest import NAME, client, httpx, serving, tiny_config, train_tokenizer
+from torchformer.serve.call_stream import CallStream
 from torchformer.serve.chat import ChatTemplate
-from torchformer.serve.tool_formats import CallStream, detect, parse
+from torchformer.serve.tool_formats import detect, parse
 
 # A Qwen2.5-style template (written for this test): tools in a system turn, calls in <tool_call>
 # blocks with the arguments as JSON, tool results in <tool_response> blocks.
@@ -130,7 +131,7 @@ def served(tools_dir):
 def ask(url: str, messages=USER, seed: int | None = 0, **options):
     sampling = {"temperature": 0} if seed is None else {"seed": seed, "temperature": 1.0}
     options = {"tools": TOOLS, "max_tokens": MAX_TOKENS, **sampling, **options}
-    return client(url).chat.completions.create(model=NAME, messages=messages, **options)
+    return client(url, timeout=120).chat.completions.create(model=NAME, messages=messages, **options)
 
 
 def check_calls(choice, allowed=PARAMETERS) -> list:
@@ -184,22 +185,63 @@ def test_mistral_parses_a_list_of_calls_with_or_without_its_marker():
         assert parse(broken, "mistral") == (broken, [])
 
 
+def streamed(fmt: str, text: str, size: int) -> tuple[str, list, list[int]]:
+    """``text`` fed to a CallStream ``size`` characters at a time: (content, [(name, arguments)]
+    as the openai client joins the deltas, the characters fed when each call's head went out)."""
+    stream, content, calls, heads = CallStream(fmt), "", {}, []
+    pieces = [text[i : i + size] for i in range(0, len(text), size)]
+    for fed, piece in enumerate([*pieces, None]):
+        sent, deltas = stream.feed(piece) if piece is not None else stream.end()
+        content += sent
+        for d in deltas:
+            if "id" in d:
+                calls[d["index"]] = [d["function"]["name"], ""]
+                heads.append(min(len(text), (fed + 1) * size))
+            calls[d["index"]][1] += d["function"]["arguments"]
+    return content, [tuple(calls[k]) for k in sorted(calls)], heads
+
+
+CALL_TEXTS = [
+    ("hermes", 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": "x}]\\"y"}}\n</tool_call>', "Sure.\n"),
+    ("hermes", '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n'
+               '{"name": "move", "arguments": {"to": {"x": [1, 2]}}}\n</tool_call>', ""),
+    ("llama3", '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 0}}', ""),
+    ("llama3", '{"name": "add", "parameters": {"a": 2, "b": 0}}; {"name": "move", "parameters": {"to": {"x": 1}}}', ""),
+    ("mistral", 'Hm [TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 0}}]', "Hm "),
+    ("mistral", '[{"name": "add", "arguments": {"a": 3}}, {"name": "tag_items", "arguments": {"tags": ["x"]}}]', ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fmt", "text", "content"), CALL_TEXTS)
+def test_streamed_calls_go_out_as_written_and_join_to_the_parsed_calls(fmt, text, content):
+    """Each call's head (id, name) goes out once written, before the answer ends, then its
+    arguments piece by piece; joined, they are what the whole answer parses to."""
+    want = [(c.name, c.arguments) for c in parse(text, fmt)[1]]
+    for size in (1, 3, 7):  # markers and JSON split anywhere
+        sent, calls, heads = streamed(fmt, text, size)
+        assert sent == content and calls == want, size
+        assert heads[0] < len(text), "the first call's name waited for the end"
+        assert len(heads) == len(want)
+    head, arguments = streamed(fmt, text, 1)[2][0], text.index(want[0][1])
+    assert head <= arguments + 1  # the name before any of the arguments
+
+
 @pytest.mark.parametrize(
-    ("fmt", "text", "sent_early"),
+    ("fmt", "text"),
     [
-        ("hermes", 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 0}}\n</tool_call>', "Sure.\n"),
-        ("llama3", '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 0}}', ""),
-        ("mistral", 'Hm [TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 0}}]', "Hm "),
+        ("hermes", '<tool_call>\n{"arguments": {"a": 1}, "name": "add"}\n</tool_call>'),  # name after arguments
+        ("llama3", '{"parameters": {"a": 2}, "name": "add"}'),
+        ("hermes", "the <tool fox jumps"),  # plain text that looked like a marker
+        ("llama3", '{"name": "Bob", "age": 3}'),  # JSON that is not a call
+        ("mistral", "[1, 2]"),
+        ("hermes", '<tool_call>\n{"name": "add", "arguments": "{\\"a\\": 1}"}\n</tool_call>'),  # arguments as a string
     ],
 )
-def test_streaming_holds_a_call_back_and_sends_plain_text_at_once(fmt, text, sent_early):
-    stream = CallStream(fmt)
-    sent = "".join(stream.feed(ch) for ch in text)  # one character at a time: markers split anywhere
-    assert sent == sent_early
-    assert [c.name for c in stream.end()[1]] == ["add"]
-    plain = CallStream(fmt)
-    words = ["the ", "<tool", " fox ", "jumps"]
-    assert "".join(plain.feed(w) for w in words) + plain.end()[0] == "".join(words)
+def test_calls_in_another_shape_are_held_and_parsed_whole(fmt, text):
+    content, calls = parse(text, fmt)
+    for size in (1, 4, len(text)):
+        sent, got, _ = streamed(fmt, text, size)
+        assert got == [(c.name, c.arguments) for c in calls] and sent.strip() == content.strip(), size
 
 
 def test_format_is_found_from_the_template():

@@ -1,8 +1,8 @@
-"""The ASGI app (Starlette): OpenAI routes, SSE written here, errors always in the OpenAI envelope.
+"""The ASGI app (Starlette): OpenAI routes, errors always in the OpenAI envelope.
 
 The app never touches tensors: it validates a request (protocol.py), encodes the prompt, hands
 the ids to the engine and turns the engine's events (arriving from its thread through
-``call_soon_threadsafe``) into a response or a ``text/event-stream``. A client that goes away
+delivery.py's Mailbox) into a response or a ``text/event-stream``. A client that goes away
 cancels its request, which frees the row at the engine's next step. boundary.py's Guard wraps
 every route (Host and Origin), and reads every body (content type, size, time, text).
 """
@@ -10,24 +10,22 @@ every route (Host and Origin), and reads every body (content type, size, time, t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import hmac
-import json
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from .boundary import ClientGone, Guard, error_response, read_json
 from .chat import ChatTemplate
+from .delivery import EventStream, Mailbox, sse
 from .embeddings import embedding_request, embedding_response, token_rows, wrong_task
 from .engine import Engine
 from .jobs import Delta, Done, Failed, Prompt
@@ -39,48 +37,6 @@ from .tools import tool_request
 log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 1 << 20
 BODY_TIMEOUT = 30.0  # seconds to receive a request body once its headers are in
-
-
-def sse(data) -> bytes:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n".encode()
-
-
-class EventStream(StreamingResponse):
-    """An SSE response that cancels its request however it ends: finished (a no-op then),
-    disconnected mid-stream, or cancelled before the body generator ever ran."""
-
-    def __init__(self, on_close, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.on_close = on_close
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
-
-
-class Mailbox:
-    """Events from the engine thread to the requests' queues on the event loop. All the events of
-    one engine step reach the loop in one wake-up (one call_soon_threadsafe), not one per request."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop, self.lock, self.pending, self.scheduled = loop, threading.Lock(), [], False
-
-    def post(self, queue: asyncio.Queue, event) -> None:  # on the engine thread
-        with self.lock:
-            self.pending.append((queue, event))
-            if self.scheduled:
-                return
-            self.scheduled = True
-        with contextlib.suppress(RuntimeError):  # the event loop has closed (server shutting down)
-            self.loop.call_soon_threadsafe(self.deliver)
-
-    def deliver(self) -> None:  # on the event loop
-        with self.lock:
-            batch, self.pending, self.scheduled = self.pending, [], False
-        for queue, event in batch:
-            queue.put_nowait(event)
 
 
 class Server:
@@ -225,11 +181,11 @@ class Server:
                 return
             i, logprobs = event.index, formats[event.index]
             if isinstance(event, Prompt | Delta):
-                text = echo if isinstance(event, Prompt) else shape.streamed(i, event.text)
+                text, calls = (echo, []) if isinstance(event, Prompt) else shape.streamed(i, event.text)
                 part = None if logprobs is None else logprobs.add(event.logprobs)
                 ids = event.token_ids if isinstance(event, Delta) else None
-                if text or part is not None or (params.return_token_ids and ids):
-                    yield sse(shape.chunk(i, text, ids, None, params.include_usage, part))
+                if text or calls or part is not None or (params.return_token_ids and ids):
+                    yield sse(shape.chunk(i, text, ids, None, params.include_usage, part, calls))
             elif isinstance(event, Done):
                 done, completion_tokens = done + 1, completion_tokens + event.completion_tokens
                 cached = event.cached_tokens

@@ -8,9 +8,9 @@ What inference gateways and routers scrape, next to vLLM's names (docs/tutorials
 ``prefix_cache_queries_total`` (vllm:prefix_cache_hits / prefix_cache_queries: prompt tokens found
 in a row's cache and not prefilled (prefix.py) / prompt tokens of the prefilled requests).
 ``engine_cpu_seconds_total`` (the engine thread's CPU time: forwards, sampling, grammar masks,
-logprobs) and ``process_cpu_seconds_total`` (the whole server's, Prometheus' standard name)
-tell how busy the engine is apart from the neighbours' load (benchmarks/serve_features.py reads
-them per generated token)."""
+logprobs) and ``process_cpu_seconds_total`` (the whole server's: the Prometheus clients' name
+for it, with our prefix) tell how busy the engine is apart from the neighbours' load
+(benchmarks/serve_features.py reads them per generated token)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import time
 import uuid
 
+from .call_stream import CallStream
 from .jobs import Delta, Done, Prompt
 from .logprob_shapes import ChatLogprobs, CompletionLogprobs, TokenText
-from .tool_formats import CallStream, call_id, parse
+from .tool_formats import call_id, parse
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
@@ -86,7 +87,9 @@ class CompletionShape:
             body["prompt_token_ids"] = self.prompt_ids
         return body
 
-    def chunk(self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None) -> dict:
+    def chunk(
+        self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None, tool_calls=()
+    ) -> dict:
         choice = self.choice(index, text, finish_reason, token_ids, logprobs)
         body = {**self.head(self.chunk_object), "choices": [choice]}
         if include_usage:
@@ -96,9 +99,9 @@ class CompletionShape:
     def first(self, index: int, include_usage: bool) -> dict | None:
         return None  # completions have no opening chunk
 
-    def streamed(self, index: int, text: str) -> str:
-        """The part of a choice's new text to send now (all of it: chat with tools holds some)."""
-        return text
+    def streamed(self, index: int, text: str) -> tuple[str, list[dict]]:
+        """The part of a choice's new text to send now, and tool_calls deltas (chat with tools)."""
+        return text, []
 
     def closing(self, index: int, finish_reason: str, include_usage: bool) -> list[dict]:
         """The chunks that end a choice's stream."""
@@ -129,37 +132,27 @@ class ChatShape(CompletionShape):
         out = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return self.with_ids(out, token_ids)
 
-    def streamed(self, index: int, text: str) -> str:
+    def streamed(self, index: int, text: str) -> tuple[str, list[dict]]:
         if self.tool_format is None:
-            return text
+            return text, []
         return self.streams.setdefault(index, CallStream(self.tool_format)).feed(text)
 
     def closing(self, index: int, finish_reason: str, include_usage: bool) -> list[dict]:
-        """The held text as content or as calls (each: its id and name, then its arguments, the
-        pieces the openai client joins), then the finish_reason."""
+        """What the call stream still held (content, or calls parsed whole), then the finish_reason
+        ("tool_calls" once a call was sent)."""
         stream, out = self.streams.get(index), []
         content, calls = stream.end() if stream is not None else ("", [])
-        if content:
-            out.append(self.chunk(index, content, None, None, include_usage))
-        for k, call in enumerate(calls):
-            head = {"index": k, "id": call_id(), "type": "function", "function": {"name": call.name, "arguments": ""}}
-            out.append(self.delta(index, {"tool_calls": [head]}, include_usage))
-            tail = {"index": k, "function": {"arguments": call.arguments}}
-            out.append(self.delta(index, {"tool_calls": [tail]}, include_usage))
-        reason = "tool_calls" if calls and finish_reason == "stop" else finish_reason
+        if content or calls:
+            out.append(self.chunk(index, content, None, None, include_usage, tool_calls=calls))
+        reason = "tool_calls" if stream is not None and stream.calls and finish_reason == "stop" else finish_reason
         return [*out, self.chunk(index, "", None, reason, include_usage)]
 
-    def delta(self, index: int, delta: dict, include_usage: bool) -> dict:
-        body = {
-            **self.head(self.chunk_object),
-            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return body
-
-    def chunk(self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None) -> dict:
-        delta = {"content": text} if text or finish_reason is None else {}
+    def chunk(
+        self, index: int, text: str, token_ids, finish_reason, include_usage: bool, logprobs=None, tool_calls=()
+    ) -> dict:
+        delta = {"content": text} if text or (finish_reason is None and not tool_calls) else {}
+        if tool_calls:
+            delta["tool_calls"] = list(tool_calls)
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         body = {**self.head(self.chunk_object), "choices": [self.with_ids(choice, token_ids)]}
         if include_usage:

@@ -12,7 +12,9 @@ One table (``FORMATS``), one entry per family, each a small record of its syntax
   tokens), so an answer that is a bare JSON list of calls is read as calls too.
 
 Text that does not parse whole (a broken block, a call without a name, arguments that are not an
-object) stays content: a call is only reported when it is certainly one. The grammar forms
+object) stays content: a call is only reported when it is certainly one. Its arguments are the
+text the model wrote for them (a JSON object), so streaming them piece by piece as they come
+(call_stream.py) gives the client the same text. The grammar forms
 (``structural_tag``) are xgrammar structural tags: the literal wrapper of the family around a JSON
 schema per function, so the arguments of a required call always validate against its parameters.
 """
@@ -77,45 +79,74 @@ def call_id() -> str:
     return "call_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(24))
 
 
-def one_call(value, key: str) -> Call | None:
-    """A parsed JSON value as a call, or None when it is not one: an object with a string name and
-    an object of arguments (some models write the arguments as a JSON string of an object)."""
+def children(text: str, start: int) -> list[tuple[str | None, int, int]]:
+    """The members (key, value start, value end) of the JSON object, or the items (None, start,
+    end) of the JSON array, that begins at ``start`` of ``text`` (known to be valid JSON)."""
+    decoder, out, i = json.JSONDecoder(), [], skip(text, start + 1)
+    while text[i] not in "}]":
+        key = None
+        if text[start] == "{":
+            key, i = decoder.raw_decode(text, i)
+            i = skip(text, skip(text, i) + 1)  # past the ':'
+        _, end = decoder.raw_decode(text, i)
+        out.append((key, i, end))
+        i = skip(text, end)
+        i = skip(text, i + 1) if text[i] == "," else i
+    return out
+
+
+def skip(text: str, i: int) -> int:
+    """The first index from ``i`` that is not JSON whitespace."""
+    while i < len(text) and text[i] in " \t\n\r":
+        i += 1
+    return i
+
+
+def call_at(text: str, start: int, end: int, key: str) -> Call | None:
+    """The JSON value text[start:end] as a call, or None when it is not one: an object with a
+    string name and an object of arguments (some models write the arguments as a JSON string of
+    an object). The arguments are their text as the model wrote it, so a streamed call
+    (call_stream.py) and a whole one are the same text."""
+    value = json.loads(text[start:end])
     if not isinstance(value, dict) or not isinstance(value.get("name"), str) or not value["name"]:
         return None
     # The arguments' key must be there: {"name": "Bob", "age": 3} is an answer, not a call.
-    args = next((value[k] for k in (key, "arguments", "parameters") if k in value), None)
+    found = next((k for k in (key, "arguments", "parameters") if k in value), None)
+    if found is None:
+        return None
+    spans = {k: (s, e) for k, s, e in children(text, start)}  # a repeated key: the last, as json.loads
+    args, raw = value[found], text[slice(*spans[found])]
     if isinstance(args, str):
         try:
             args = json.loads(args)
         except json.JSONDecodeError:
             return None
-    if not isinstance(args, dict):
-        return None
-    return Call(value["name"], json.dumps(args, ensure_ascii=False))
+        raw = json.dumps(args, ensure_ascii=False)
+    return Call(value["name"], raw) if isinstance(args, dict) else None
 
 
-def json_values(text: str, separator: str) -> list | None:
-    """The JSON values of ``text`` written one after another with ``separator`` (and any
-    whitespace) between them, or None when anything else is there."""
+def json_values(text: str, separator: str) -> list[tuple[object, int, int]] | None:
+    """The JSON values of ``text`` (each with its start and end) written one after another with
+    ``separator`` (and any whitespace) between them, or None when anything else is there."""
     decoder, values, i, sep = json.JSONDecoder(), [], 0, separator.strip()
     while True:
-        while i < len(text) and text[i].isspace():
-            i += 1
+        i = skip(text, i)
         try:
-            value, i = decoder.raw_decode(text, i)
+            value, end = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
             return None
-        values.append(value)
-        rest = text[i:].lstrip()
-        if not rest:
+        values.append((value, i, end))
+        i = skip(text, end)
+        if i == len(text):
             return values
-        if not sep or not rest.startswith(sep):
+        if not sep or not text.startswith(sep, i):
             return None
-        i = len(text) - len(rest) + len(sep)
+        i += len(sep)
 
 
-def calls_of(values, key: str) -> list[Call] | None:
-    calls = [one_call(v, key) for v in values]
+def calls_of(text: str, spans, key: str) -> list[Call] | None:
+    """The values at ``spans`` ((start, end) in ``text``) as calls, or None unless all are calls."""
+    calls = [call_at(text, start, end, key) for start, end in spans]
     return None if not calls or None in calls else calls
 
 
@@ -129,10 +160,12 @@ def parse_hermes(text: str) -> tuple[str, list[Call]]:
     calls = []
     for block in blocks:
         values = json_values(block.group(1), "")
-        found = None if values is None or len(values) != 1 else one_call(values[0], FORMATS["hermes"].key)
+        found = None
+        if values is not None and len(values) == 1:
+            found = calls_of(block.group(1), [values[0][1:]], FORMATS["hermes"].key)
         if found is None:
             return text, []  # a broken block: the text is the model's, unparsed
-        calls.append(found)
+        calls += found
     content = HERMES_BLOCK.sub("", text)
     return ("" if not content.strip() else content.strip()), calls
 
@@ -143,7 +176,7 @@ def parse_llama3(text: str) -> tuple[str, list[Call]]:
     if not body.startswith("{"):
         return text, []
     values = json_values(body, ";")
-    calls = None if values is None else calls_of(values, FORMATS["llama3"].key)
+    calls = None if values is None else calls_of(body, [v[1:] for v in values], FORMATS["llama3"].key)
     return ("", calls) if calls else (text, [])
 
 
@@ -154,9 +187,10 @@ def parse_mistral(text: str) -> tuple[str, list[Call]]:
         if not text.lstrip().startswith("[{"):
             return text, []
     values = json_values(body, ",")
-    if values is not None and len(values) == 1 and isinstance(values[0], list):
-        values = values[0]
-    calls = None if values is None else calls_of(values, FORMATS["mistral"].key)
+    spans = None if values is None else [v[1:] for v in values]
+    if values is not None and len(values) == 1 and isinstance(values[0][0], list):
+        spans = [(s, e) for _, s, e in children(body, values[0][1])]  # the items of the list
+    calls = None if spans is None else calls_of(body, spans, FORMATS["mistral"].key)
     return (head.strip(), calls) if calls else (text, [])
 
 
@@ -215,23 +249,3 @@ def structural_tag(functions: list[dict], fmt: str, parallel: bool) -> dict:
 
 def const(text: str) -> dict:
     return {"type": "const_string", "value": text}
-
-
-class CallStream:
-    """Streaming one choice whose answer may hold calls: text is sent as content until a call may
-    begin; from there it is held, and parsed at the end (calls, or content after all)."""
-
-    def __init__(self, fmt: str) -> None:
-        self.fmt, self.text, self.sent = fmt, "", 0
-
-    def feed(self, text: str) -> str:
-        """The content that can be sent now."""
-        self.text += text
-        hold = max(self.sent, may_start(self.text, self.fmt))
-        out, self.sent = self.text[self.sent : hold], hold
-        return out
-
-    def end(self) -> tuple[str, list[Call]]:
-        """(the content still to send, the calls) once the choice has ended."""
-        content, calls = parse(self.text[self.sent :], self.fmt)
-        return content, calls
