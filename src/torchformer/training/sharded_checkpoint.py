@@ -96,12 +96,17 @@ def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: 
             (tmp / name).write_text(text)
         for f in [*tmp.iterdir(), *(tmp / DCP_DIR).iterdir(), tmp / DCP_DIR, tmp]:
             fsync_path(f)
-        if final.exists():  # a resumed run rewrites the step it resumed from
-            shutil.rmtree(final)
+        old = ckpts / f".old_{final.name}"  # a resumed run rewrites the step it resumed from:
+        if final.exists():  # moved aside, deleted only once the new one is in place
+            shutil.rmtree(old, ignore_errors=True)
+            final.rename(old)
         tmp.rename(final)
         fsync_path(ckpts)
+        shutil.rmtree(old, ignore_errors=True)
         for old in ckpt.list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
+        for stale in ckpts.glob(f"{TMP_PREFIX}step_*.dcp"):  # torn by a rank killed mid-write, earlier
+            shutil.rmtree(stale, ignore_errors=True)
     _barrier(dist)
     return final
 
