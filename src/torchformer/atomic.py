@@ -3,7 +3,8 @@
 Every file goes into a hidden temporary sibling folder, is fsynced, and the folder is renamed into
 place; the folder it replaces is moved aside first and deleted only after. A process killed at any
 moment (even by SIGKILL) leaves the previous folder intact and at most a hidden `.tmp_*` sibling.
-Used by `tfm.save`, `tfm.to_hf` and training checkpoints.
+Used by `tfm.save`, `tfm.to_hf` and training checkpoints. One file is replaced the same way
+(``write_file``): the data cache, a LoRA run's merged weights, eval.json.
 
 What it may replace is checked first: a new path, an empty folder, or a folder holding only the
 files this write produces (an earlier save of the same kind, a checkpoint rewritten on resume).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from safetensors.torch import save_file
@@ -32,6 +33,22 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_file(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Create or replace the file ``path`` so that readers see the old file or the new one:
+    ``write(tmp)`` fills a hidden file beside it, which is flushed to disk, renamed over ``path``
+    and the rename made durable. A failing ``write`` leaves ``path`` as it was and no temporary."""
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        write(tmp)
+        fsync_path(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_path(path.parent)
+    return path
 
 
 def check_target(path: Path, names: set[str], force: bool = False) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import write_file
 from .corpus import VAL_EVERY, VAL_OFFSET
 from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer, pretrained_tokenizer
 
@@ -189,12 +190,7 @@ def _key(data_spec: dict) -> str:
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)  # created on the first write: bad data leaves no folder
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_file(path, lambda tmp: tmp.write_bytes(data))
 
 
 def _dtype(vocab_size: int) -> np.dtype:

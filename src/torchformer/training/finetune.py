@@ -1,5 +1,7 @@
-"""Fine-tuning as data for train(): which model to start from (``model.init``), which parameters
-train (``finetune.lora``), what a checkpoint holds, and an eval file scored at the end.
+"""Fine-tuning's recipe words, checked and loaded: which model to start from (``model.init``),
+its tokenizer, the LoRA targets and the quantized base (``finetune.*``), DPO's reference. The
+plan train() consults (what trains, what a checkpoint holds, what the run folder gets at the
+end) is built from them once: plan.py.
 
 model.init: a torchformer checkpoint folder, a Hugging Face folder or a preset, read through the
 one resolver (loading.py). Its config and weights are the start; its tokenizer.json tokenizes the
@@ -21,25 +23,16 @@ against; by default the model as it starts (with LoRA, the base with the adapter
 
 from __future__ import annotations
 
-import copy
 import json
-import logging
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from .. import lora
-from ..atomic import fsync_path
 from ..configs import ModelConfig
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind
-from ..models.saving import WEIGHTS_FILE, unique_state
-from .checkpoint import ADAPTERS, STATE
 
-EVAL_FILE = "eval.json"
-logger = logging.getLogger(__name__)
 # Model fields a recipe may change on top of model.init, and why they are safe.
 SAFE = {
     "init": "the model to start from",
@@ -173,7 +166,7 @@ def check(recipe) -> None:
         cfg = model_config(init)  # a checkpoint's, an HF folder's or a .gguf file's
     with torch.device("meta"):
         model = build_model(cfg)
-        quantize_base(recipe, model)  # finetune.group_size must divide every projection's input width
+        quantize_base(model, recipe.finetune.quantize, recipe.finetune.group_size)  # group_size must divide widths
         lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
 
 
@@ -239,111 +232,15 @@ def load_init(recipe, device: torch.device, vocab_size: int) -> nn.Module | None
     return model.train()
 
 
-def quantize_base(recipe, model: nn.Module) -> None:
+def quantize_base(model: nn.Module, scheme: str | None, group_size: int | None) -> None:
     """finetune.quantize: QLoRA (Dettmers et al. 2023), adapters train in float over a frozen
     weight-only int8 / int4 base. The block projections are quantized; the head stays float, as
     in QLoRA practice (transformers' bitsandbytes loading keeps lm_head unquantized)."""
-    ft = recipe.finetune
-    if ft.quantize is None:
+    if scheme is None:
         return
     from ..models.quantize import quantize
 
     try:
-        quantize(model, ft.quantize, group_size=ft.group_size, lm_head=False)
+        quantize(model, scheme, group_size=group_size, lm_head=False)
     except ValueError as err:
-        raise ValueError(f"finetune.quantize={ft.quantize!r} (group_size={ft.group_size!r}): {err}") from None
-
-
-def apply_lora(recipe, model: nn.Module, seed: int) -> None:
-    spec = recipe.finetune.lora
-    if spec is None:
-        return
-    quantize_base(recipe, model)  # deterministic (round to nearest): resume rebuilds the same base
-    torch.manual_seed(seed)  # the A matrices: the same start on every rank and every run
-    lora.apply(model, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
-    model.train()  # quantize() leaves the model in eval mode; the wrapped quantized layers stay so
-
-
-def saved_weights(model: nn.Module, weights: dict) -> tuple[str, dict]:
-    """(file name, tensors) a checkpoint holds: the adapters alone for a LoRA run."""
-    if not lora.adapters(model):
-        return "", weights
-    names = set(lora.adapter_state(model))
-    return ADAPTERS, {k: v for k, v in weights.items() if k in names}
-
-
-def lora_record(recipe) -> dict | None:
-    """What a LoRA checkpoint's adapters were trained over: the base and its quantization."""
-    ft = recipe.finetune
-    if ft.lora is None:
-        return None
-    quantized = None if ft.quantize is None else {"scheme": ft.quantize, "group_size": ft.group_size}
-    return {"lora": ft.lora.to_dict(), "base": recipe.model.get("init"), "quantize": quantized}
-
-
-def check_resume(recipe, checkpoint: Path) -> None:
-    """Adapters resume only over the base they were trained over (same init, LoRA, quantization)."""
-    file, ours = Path(checkpoint) / STATE, lora_record(recipe)
-    saved = json.loads(file.read_text()).get("finetune") if file.is_file() else None  # no file: restore says so
-    if saved is not None and "quantize" not in saved:  # written before finetune.quantize existed: a float base
-        saved = {**saved, "quantize": None}
-    if saved != ours:
-        raise ValueError(
-            f"--resume {checkpoint}: its adapters were trained with finetune {saved} but this recipe asks for "
-            f"{ours}; resume with the recipe's model.init and finetune section (lora, quantize, group_size) unchanged"
-        )
-
-
-def load_weights(model: nn.Module, state: dict, load_full) -> None:
-    (lora.load_state if lora.adapters(model) else load_full)(model, state)
-
-
-def export(recipe, model: nn.Module, out: Path) -> None:
-    """A LoRA run's folder also gets the merged model (model.safetensors beside config.json, so
-    tfm.load, generate and eval open the run as any other) and, where the model has a Hugging Face
-    family, the adapter in PEFT format under <out_dir>/adapter. Checkpoints stay adapters only.
-    QLoRA (finetune.quantize): the adapters are merged into the float model.init, as QLoRA users
-    do; its logits differ from the trained model's by the quantization error of the base."""
-    if not lora.adapters(model):
-        return
-    try:
-        merged = lora.merge(_float_copy(recipe, model))
-    except ValueError as err:  # a quantized base cannot be merged: the run folder keeps the adapters
-        logger.warning("LoRA run %s: not merged (%s)", out, err)
-    else:
-        tmp = out / f".{WEIGHTS_FILE}.tmp"
-        save_file(unique_state(merged), str(tmp))
-        fsync_path(tmp)
-        os.replace(tmp, out / WEIGHTS_FILE)
-    try:
-        lora.save(model, out / "adapter", base_model=recipe.model.get("init"))
-    except ValueError as err:  # no HF family fits this model, or a fused layout
-        logger.info("LoRA run %s: no PEFT adapter written (%s)", out, err)
-
-
-def _float_copy(recipe, model: nn.Module) -> nn.Module:
-    """A copy of ``model`` whose base can take the adapters: for QLoRA from model.init, the float
-    init with the same adapters (a preset base was never float after quantizing: merge refuses)."""
-    if recipe.finetune.quantize is None or init_of(recipe) is None:
-        return copy.deepcopy(model)
-    spec, device = recipe.finetune.lora, next(model.parameters()).device
-    base = load_init(recipe, device, model.config.vocab_size)
-    lora.apply(base, rank=spec.rank, alpha=spec.alpha, targets=spec.targets, dropout=spec.dropout)
-    lora.load_state(base, lora.adapter_state(model))
-    return base
-
-
-def evaluate_file(recipe, model: nn.Module, tok, out: Path) -> dict | None:
-    """data.eval_file: strided perplexity (stride = half the context) and bits per byte; written
-    to <out_dir>/eval.json."""
-    path = recipe.data.eval_file
-    if path is None:
-        return None
-    from ..evaluation.perplexity import text_perplexity
-    from .data import read_utf8
-
-    seq_len = min(recipe.data.seq_len, model.config.max_seq_len)
-    score = text_perplexity(model, tok, read_utf8(Path(path)), seq_len=seq_len, stride=max(1, seq_len // 2))
-    result = {"eval_file": str(path), **score.to_dict()}
-    (out / EVAL_FILE).write_text(json.dumps(result) + "\n")
-    return result
+        raise ValueError(f"finetune.quantize={scheme!r} (group_size={group_size!r}): {err}") from None

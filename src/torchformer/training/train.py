@@ -1,8 +1,13 @@
 """``train(recipe)``: the whole training run, top to bottom.
 
-setup (process group, device, seeds) -> data (tokenized once, cached) -> model and objective ->
-optimizer and schedule -> resume -> wrap (DDP/FSDP, compile) -> loop: batch, accumulate, clip,
-step, log, evaluate, checkpoint -> final checkpoint, loss plot.
+build (the plan, the process, the data, the model and its objective, the optimizer) -> loop:
+batch, accumulate, clip, step, log, evaluate, checkpoint -> finish (the plan's outputs: merged
+model, PEFT adapter, eval.json; the loss plot and the trackers' sample).
+
+Fine-tuning is data, not hooks: ``Plan.of(recipe)`` (plan.py) decides once which model the run
+starts from, which parameters train, what each checkpoint holds and what the run folder gets at
+the end, and the loop consults it at those four places. What the run holds while it runs (the
+process, its folder, the counters and where each metrics row goes) is session.py's.
 
 Batches are a pure function of (seed, step), every rank's dropout RNG and the running loss window
 are checkpointed, and ``train.deterministic`` (default on for CPU) makes the kernels sum in a fixed
@@ -12,9 +17,9 @@ count and world size as long as they are the same before and after (determinism.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,21 +28,20 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..analysis.accounting import flops_per_token, matmul_peak_flops
-from ..atomic import NewFolders
-from ..host_memory import keep_freed_memory
 from ..models.build import build_model
 from . import checkpoint as ckpt
-from . import determinism, finetune, instruct, preference, preference_data, trackers
 from . import distributed as dist
+from . import instruct, preference, preference_data, trackers
 from .batches import LMBatches, MLMBatches, PackedLMBatches, PairBatches, n_targets, rows
 from .data import PairData, prepare
 from .losses import ARCH_OF_TASK, OBJECTIVES
 from .optim import build as build_optimizer
+from .plan import Plan
 from .recipe import Recipe, check
-from .report import Reporter, append_metrics, plot_losses, read_metrics, truncate_metrics
-from .run_state import restore, resume_point, save_state
+from .report import Reporter, plot_losses, read_metrics
+from .run_state import restore, save_state
 from .schedules import Schedule
+from .session import Progress, Session, start
 from .validation import validate
 
 
@@ -63,164 +67,134 @@ def train(
     """Run ``recipe``. resume: None (fresh), "auto" (latest checkpoint in out_dir if any) or a
     checkpoint folder. stop_after: end this call after that step (evaluate and checkpoint there),
     as an interruption would; the schedule still plans for ``train.steps``."""
-    reporter = reporter or Reporter()
-    t, task = recipe.train, recipe.data.task
+    t = recipe.train
     check(recipe)
-    finetune.check(recipe)  # LoRA targets exist: before any data or folder is written
+    plan = Plan.of(recipe)  # what trains, what checkpoints hold, what the folder gets: before any work
     trackers.check(t.log_to)  # train.log_to: known names, extras installed
-    rt = dist.setup(t.device, recipe.dist.strategy, recipe.dist.tp)
-    reporter = reporter if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
-    if t.threads is not None:
-        torch.set_num_threads(t.threads)
-    if t.keep_host_memory and rt.device.type == "cpu":
-        keep_freed_memory()
-    exact = determinism.resolve(t.deterministic, rt.device)
-    with contextlib.ExitStack() as scope:
-        scope.callback(dist.teardown)
-        scope.enter_context(determinism.deterministic(exact, rt.device))  # before the model is built
-        out = Path(t.out_dir)
-        found = resume_point(resume, out)  # a bad --resume path is refused before any data is written
-        made = scope.enter_context(NewFolders(*([out, out / "data"] if rt.is_main else [])))  # gone if setup fails
-        data = load_data(recipe, out, rt)
+    with ExitStack() as scope:
+        run = start(recipe, resume, reporter, scope)  # process group, threads, determinism, run folder
+        data = load_data(recipe, plan, run)
         batches = make_batches(recipe, data)  # checks the batch fits the data before any model work
-        tok = data.tokenizer
-        base = finetune.load_init(recipe, rt.device, tok.vocab_size)  # model.init: None when built from scratch
-        cfg = base.config if base is not None else recipe.model_config(tok.vocab_size, special_ids(tok, task))
-        if cfg.arch != ARCH_OF_TASK[task]:
-            raise ValueError(f"data.task={task!r} trains arch {ARCH_OF_TASK[task]!r}, but the model is {cfg.arch!r}")
-        torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP shards them as they are)
-        model = build_model(cfg).to(rt.device) if base is None else base
-        finetune.apply_lora(recipe, model, t.seed)  # finetune.lora: adapters only train
-        torch.manual_seed(t.seed + rt.rank)  # distinct dropout streams per rank
-        if t.objective is None:
-            objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
-        else:  # preference tuning (preference.py): DPO against a frozen reference, or SimPO / ORPO
-            reference = finetune.load_reference(recipe, rt.device, cfg.vocab_size)
-            objective = preference.build(recipe, model, reference)
-        if t.activation_checkpointing:
-            checkpoint_blocks(model)
-        wrapped = dist.wrap(objective, rt, recipe.dist.strategy)  # before the optimizer: FSDP swaps in sharded params
-        optimizer = build_optimizer(model, recipe.optim, rt.device.type)  # optim.name: adamw | muon
-        s = recipe.schedule
-        schedule = Schedule(
-            s.name, recipe.optim.lr, s.warmup, t.steps, s.min_ratio, s.decay_fraction, cfg.d_model, s.factor
-        )
-        start, elapsed, window = 0, 0.0, (0.0, 0)
-        facts = determinism.run_facts(exact, rt.world)
-        if found is not None:
-            finetune.check_resume(recipe, found)  # the adapters' base: same init, LoRA and quantization
-            start, elapsed, window = restore(found, model, optimizer, rt, recipe.dist.strategy, facts)
-            reporter.message(f"resumed from {found} at step {start}")
-        metrics_file = out / "metrics.jsonl"
-        # Trackers start before the first step: one that cannot start fails here, not an hour in.
-        sinks = scope.enter_context(trackers.open_all(t.log_to if rt.is_main else [], recipe, out))
-        made.keep()
-        if rt.is_main:
-            out.mkdir(parents=True, exist_ok=True)
-            truncate_metrics(metrics_file, start) if metrics_file.exists() else None
-        step_fn = torch.compile(wrapped) if t.compile else wrapped
-        amp = autocast(t.precision, rt.device)
-
-        tokens_per_step = t.batch_size * (recipe.data.seq_len if task != "seq2seq" else _mean_len(data))
-        tokens_per_step *= 2 if t.objective is not None else 1  # preference: a chosen and a rejected row per pair
-        flops = flops_per_token(cfg, recipe.data.seq_len if task != "seq2seq" else max(1, _mean_len(data))).training
-        with torch.random.fork_rng(devices=[]):  # the timing's random matrices must not shift the dropout stream
-            peak = matmul_peak_flops()
+        model, objective, cfg = build(recipe, plan, data.tokenizer, run)
+        step_fn, optimizer, schedule = optimize(recipe, model, objective, cfg, run)
+        counters = resumed(recipe, plan, run, model, optimizer)  # (step, elapsed, loss window)
+        progress = Progress.open(recipe, run, model, cfg, data, counters, scope)
         evals = batches.eval_batches(t.eval_batches)
-        save = partial(save_state, recipe=recipe, out=out, model=model, optimizer=optimizer, tok=tok, rt=rt,
-                       facts=facts)  # fmt: skip
-        reporter.start({"recipe": recipe.name, "params": sum(p.numel() for p in model.parameters()),
-                        "device": str(rt.device), "world": rt.world, "start": start, "steps": t.steps,
-                        "peak_gflops": peak / 1e9, "out_dir": str(out)})  # fmt: skip
-
-        wall0, (window_loss, window_tokens), val_loss = time.perf_counter(), window, float("nan")
-        step = start
-        if start == 0:  # the untrained baseline (about ln(vocab_size)), so every run shows its progress
-            measured = validate(objective, evals, rt.device, amp)
-            val_loss = measured["val_loss"]
-            row = {"step": 0, "train_loss": None, **measured, "lr": 0.0, "elapsed_s": 0.0, "tokens": 0}
-            if rt.is_main:
-                append_metrics(metrics_file, row)
-                sinks.log(row)
-                reporter.evaluate(row)
-        while step < t.steps:
-            step += 1
-            t0 = time.perf_counter()
+        save = partial(save_state, recipe=recipe, plan=plan, out=run.out, model=model, optimizer=optimizer,
+                       tok=data.tokenizer, rt=run.rt, facts=run.facts)  # fmt: skip
+        if progress.step == 0:  # the untrained baseline (about ln(vocab_size)), so every run shows its progress
+            progress.evaluate(validate(objective, evals, run.device, run.amp), lr=0.0)
+        while progress.step < t.steps:
+            t0, step = time.perf_counter(), progress.step + 1
             lr = schedule.apply(optimizer, step)
-            loss_sum, local_tokens = accumulate(step_fn, batches.batch(step - 1), rt, t.grad_accum, amp)
-            norm = nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip else math.inf)
-            if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
-                last = ckpt.latest_checkpoint(out)
-                raise NonFiniteLoss(
-                    f"non-finite loss or gradient at step {step} (loss sum {loss_sum}, grad norm {float(norm)}); "
-                    f"stopped without writing a checkpoint. Last good checkpoint: {last or 'none'}. "
-                    "Lower optim.lr, set train.grad_clip, or check the data."
-                )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss_sum, tokens = accumulate(step_fn, batches.batch(step - 1), run.rt, t.grad_accum, run.amp)
+            descend(model, optimizer, t.grad_clip, loss_sum, step, run.out)  # clip, refuse NaN/inf, step
             dt = time.perf_counter() - t0
-            elapsed += dt
-            window_loss, window_tokens = window_loss + loss_sum, window_tokens + local_tokens
-            if rt.is_main and (step % t.log_every == 0 or step == t.steps):
-                tps = tokens_per_step / dt
-                reporter.step({"step": step, "loss": loss_sum / max(1, local_tokens), "lr": lr,
-                               "tok_s": tps, "mfu": tps * flops / peak, "elapsed_s": elapsed,
-                               **{k: float(v) for k, v in objective.router_losses.items()}})  # fmt: skip
-            out_of_time = t.max_time_s is not None and time.perf_counter() - wall0 >= t.max_time_s
-            out_of_time = out_of_time or step == stop_after
-            if step % t.eval_every == 0 or step == t.steps or out_of_time:
-                with torch.random.fork_rng(devices=[]):  # re-measured: a busy start understates the peak
-                    peak = max(peak, matmul_peak_flops())
-                measured = validate(objective, evals, rt.device, amp)
-                val_loss = measured["val_loss"]
-                row = {"step": step, "train_loss": window_loss / max(1, window_tokens), **measured, "lr": lr,
-                       "elapsed_s": round(elapsed, 3), "tokens": step * tokens_per_step}  # fmt: skip
-                window_loss, window_tokens = 0.0, 0
-                if rt.is_main:
-                    append_metrics(metrics_file, row)
-                    sinks.log(row)
-                    reporter.evaluate(row)
-            if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps or out_of_time:
-                save(step=step, elapsed=elapsed, window=(window_loss, window_tokens))
-            if out_of_time:
-                reporter.message(f"stopped at step {step} (train.max_time_s={t.max_time_s}, stop_after={stop_after})")
+            progress.tick(loss_sum, tokens, dt)
+            progress.log_step(t.log_every, t.steps, loss_sum, tokens, lr, dt, objective.router_losses)
+            stop = progress.out_of_time(t.max_time_s) or step == stop_after
+            if step % t.eval_every == 0 or step == t.steps or stop:
+                progress.evaluate(validate(objective, evals, run.device, run.amp), lr)
+            if (t.checkpoint_every and step % t.checkpoint_every == 0) or step == t.steps or stop:
+                save(step=step, elapsed=progress.elapsed, window=progress.window)
+            if stop:
+                run.reporter.message(
+                    f"stopped at step {step} (train.max_time_s={t.max_time_s}, stop_after={stop_after})"
+                )
                 break
-        if rt.is_main and step > start:
-            sinks.image("loss", plot_losses(metrics_file, out / "loss.png"))
-        if rt.is_main:
-            finetune.export(recipe, model, out)  # LoRA: the merged model and a PEFT adapter in the run folder
-        sample = None
-        if sinks and t.sample_chars and task == "lm":  # the sample the CLI prints (Result.sample), for the trackers
-            from .sample import sample_text
-
-            sample = sample_text(model, tok, t.sample_prompt, t.sample_chars, temperature=t.sample_temperature,
-                                 seed=t.seed)  # fmt: skip
-            sinks.text("sample", sample)
-        scored = finetune.evaluate_file(recipe, model, tok, out) if rt.is_main else None  # data.eval_file
-        if scored is not None:
-            reporter.message(f"eval {scored}")
-        reporter.close()
-        metrics = read_metrics(metrics_file)
-        return Result(step=step, val_loss=val_loss, out_dir=out, model=model.eval(), tokenizer=tok, data=data,
-                      metrics=metrics, sample=sample)  # fmt: skip
+        return finish(recipe, plan, run, progress, counters[0], model, data)
 
 
 # -- the pieces, in the order train() uses them ---------------------------------------------------
 
 
-def load_data(recipe: Recipe, out: Path, rt: dist.Runtime):
+def load_data(recipe: Recipe, plan: Plan, run: Session):
     """Rank 0 tokenizes into <out_dir>/data; the other ranks wait, then read the same cache."""
     spec = {k: getattr(recipe.data, k) for k in ("source", "task", "tokenizer", "bpe_vocab_size", "pack")}
     spec["synthetic"] = recipe.data.synthetic if recipe.data.task == "seq2seq" else {}
-    spec["init_tokenizer"] = finetune.init_tokenizer(recipe)  # model.init's tokenizer, when fine-tuning
+    spec["init_tokenizer"] = plan.tokenizer  # model.init's tokenizer, when fine-tuning
     if recipe.train.objective is not None:  # JSONL preference pairs (prompt, chosen, rejected)
-        return preference_data.prepare(recipe, spec["init_tokenizer"])
+        return preference_data.prepare(recipe, plan.tokenizer)
     if recipe.data.instruct:  # JSONL conversations or prompt/completion pairs, loss on the answers only
-        return instruct.prepare(recipe, spec["init_tokenizer"])
-    if rt.is_main:
-        data = prepare(spec, out / "data")
+        return instruct.prepare(recipe, plan.tokenizer)
+    if run.rt.is_main:
+        data = prepare(spec, run.out / "data")
     dist.barrier()
-    return data if rt.is_main else prepare(spec, out / "data", build=False)
+    return data if run.rt.is_main else prepare(spec, run.out / "data", build=False)
+
+
+def build(recipe: Recipe, plan: Plan, tok, run: Session):
+    """(model, objective, config): model.init with the recipe's safe changes, or a fresh model from
+    the recipe's config; the plan's adapters; the task's objective (or a preference objective)."""
+    t, task = recipe.train, recipe.data.task
+    base = plan.base(recipe, run.device, tok.vocab_size)  # None when built from scratch
+    cfg = base.config if base is not None else recipe.model_config(tok.vocab_size, special_ids(tok, task))
+    if cfg.arch != ARCH_OF_TASK[task]:
+        raise ValueError(f"data.task={task!r} trains arch {ARCH_OF_TASK[task]!r}, but the model is {cfg.arch!r}")
+    torch.manual_seed(t.seed)  # the same initial weights on every rank (FSDP shards them as they are)
+    model = plan.adapt(build_model(cfg).to(run.device) if base is None else base)  # finetune.lora: adapters train
+    torch.manual_seed(t.seed + run.rt.rank)  # distinct dropout streams per rank
+    if t.objective is None:
+        objective = OBJECTIVES[task](model, t.label_smoothing, t.moe_balance, t.moe_z_loss)
+    else:  # preference tuning (preference.py): DPO against a frozen reference, or SimPO / ORPO
+        objective = preference.build(recipe, model, plan.reference_model(recipe, run.device, cfg.vocab_size))
+    if t.activation_checkpointing:
+        checkpoint_blocks(model)
+    return model, objective, cfg
+
+
+def optimize(recipe: Recipe, model: nn.Module, objective: nn.Module, cfg, run: Session):
+    """(the step function, the optimizer, the schedule): the objective wrapped for the strategy
+    (before the optimizer: FSDP swaps in sharded parameters) and compiled if asked."""
+    wrapped = dist.wrap(objective, run.rt, recipe.dist.strategy)
+    optimizer = build_optimizer(model, recipe.optim, run.device.type)  # optim.name: adamw | muon
+    s = recipe.schedule
+    schedule = Schedule(s.name, recipe.optim.lr, s.warmup, recipe.train.steps, s.min_ratio, s.decay_fraction,
+                        cfg.d_model, s.factor)  # fmt: skip
+    return (torch.compile(wrapped) if recipe.train.compile else wrapped), optimizer, schedule
+
+
+def resumed(recipe: Recipe, plan: Plan, run: Session, model: nn.Module, optimizer) -> tuple[int, float, tuple]:
+    """(step, elapsed seconds, running loss window): zeros, or the checkpoint's when resuming."""
+    if run.found is None:
+        return 0, 0.0, (0.0, 0)
+    plan.check_resume(run.found)  # the adapters' base: same init, LoRA and quantization
+    counters = restore(run.found, model, optimizer, run.rt, recipe.dist.strategy, run.facts, plan)
+    run.reporter.message(f"resumed from {run.found} at step {counters[0]}")
+    return counters
+
+
+def descend(model: nn.Module, optimizer, grad_clip: float | None, loss_sum: float, step: int, out: Path) -> None:
+    """Clip, refuse a non-finite loss or gradient (no checkpoint is written), step, zero."""
+    norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip else math.inf)
+    if not (math.isfinite(loss_sum) and math.isfinite(float(norm))):
+        raise NonFiniteLoss(
+            f"non-finite loss or gradient at step {step} (loss sum {loss_sum}, grad norm {float(norm)}); "
+            f"stopped without writing a checkpoint. Last good checkpoint: {ckpt.latest_checkpoint(out) or 'none'}. "
+            "Lower optim.lr, set train.grad_clip, or check the data."
+        )
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def finish(recipe: Recipe, plan: Plan, run: Session, progress: Progress, start: int, model, data) -> Result:
+    """The loss plot, the plan's outputs (merged model, PEFT adapter, eval.json), the trackers' sample."""
+    t, tok = recipe.train, data.tokenizer
+    if run.rt.is_main and progress.step > start:
+        progress.sinks.image("loss", plot_losses(progress.metrics_file, run.out / "loss.png"))
+    scored = plan.finish(recipe, model, tok, run.out) if run.rt.is_main else None
+    sample = None
+    if progress.sinks and t.sample_chars and recipe.data.task == "lm":  # the sample the CLI prints (Result.sample)
+        from .sample import sample_text
+
+        sample = sample_text(model, tok, t.sample_prompt, t.sample_chars, temperature=t.sample_temperature,
+                             seed=t.seed)  # fmt: skip
+        progress.sinks.text("sample", sample)
+    if scored is not None:
+        run.reporter.message(f"eval {scored}")
+    run.reporter.close()
+    return Result(step=progress.step, val_loss=progress.val_loss, out_dir=run.out, model=model.eval(), tokenizer=tok,
+                  data=data, metrics=read_metrics(progress.metrics_file), sample=sample)  # fmt: skip
 
 
 def special_ids(tok, task: str) -> dict[str, int]:
@@ -251,23 +225,11 @@ def make_batches(recipe: Recipe, data):
     return LMBatches(data.train, data.val, batch_size=t.batch_size, seq_len=d.seq_len, seed=t.seed)
 
 
-def _mean_len(data) -> int:
-    pairs = data.train[:1000]
-    return round(sum(len(s) + len(t) + 2 for s, t in pairs) / max(1, len(pairs)) / 2)
-
-
 def checkpoint_blocks(model: nn.Module) -> None:
     """Activation checkpointing per block: keep only block inputs, recompute inside on backward."""
     for name in ("stack", "encoder", "decoder"):
         for block in getattr(model, name).blocks if hasattr(model, name) else []:
             block.forward = partial(checkpoint, block.forward, use_reentrant=False)
-
-
-def autocast(precision: str, device: torch.device):
-    """bf16 autocast on CUDA by default (weights and optimizer stay fp32); fp32 elsewhere, since
-    CPUs without bf16 units run bf16 matmuls ~100x slower."""
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext
 
 
 def accumulate(step_fn, batch, rt: dist.Runtime, accum: int, amp) -> tuple[float, int]:
