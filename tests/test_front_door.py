@@ -138,7 +138,7 @@ def test_embed_the_real_minilm_similarity(tmp_path):
     out = run('torchformer embed path/to/all-MiniLM-L6-v2 --text "The cat sits on the mat." '
               '--text "A kitten is resting on a rug." --similarity', tmp_path)  # fmt: skip
     sim = json.loads(out)["similarity"]
-    assert abs(sim[0][1] - 0.6411) < 1e-3 and abs(sim[0][0] - 1) < 1e-5, sim  # FACTS.md's reference value
+    assert abs(sim[0][1] - 0.6411) < 1e-3 and abs(sim[0][0] - 1) < 1e-5, sim  # the package's stated value
 
 
 def test_convert_from_hf_and_back(tmp_path):

@@ -4,6 +4,8 @@ and over patterns that exercise its parts: several chunks, GQA groups, windows, 
 far buckets (beyond max_distance, on one side or both) get their gradient from the row-sum
 identity and the restricted forward. Plus: auto routes aligned contexts there and nothing else."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,7 +63,7 @@ def compare(p: Pattern, K: int, E: int = 8, B: int = 2, params=()):
         for t in (q, k, v, *params):
             t.grad = None
         if run == "offsets":
-            p.offsets, p._dense = offsets.offset_vector(p), None
+            p = dataclasses.replace(p, offsets=offsets.offset_vector(p))  # a frozen Pattern: no dense form yet
             out = offsets.offset_attention(q, k, v, scale=E**-0.5, pattern=p)
         else:
             mask, bias = p.dense()

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from ..nn.attention import AttnInputs
 from ..nn.masks import padding_mask
-from ..nn.patterns import Pattern, all_of, causal, key_valid, same_document, window
+from ..nn.patterns import Pattern, Rule, all_of, causal, key_valid, same_document, window
 from ..nn.routing import prepare_dense
 
 
@@ -71,6 +72,23 @@ class KindContext(nn.Module):
     def __init__(self, rope: nn.Module | None, window: int | None) -> None:
         super().__init__()
         self.rope, self.window = rope, window
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every layer kind's context shares in one forward, computed once by ``Stack.context``:
+    the rules of order, padding, documents and score bias, and the facts the backends route on."""
+
+    pos: Tensor  # (B, T) query positions
+    k_pos: Tensor  # (B, S) key positions: the chunk's, or every cache slot's
+    slots: Tensor | None  # (B, T) the cache slot each token is written to (None: no cache)
+    order: Rule | None  # causal order (None: bidirectional)
+    keys: Rule | None  # key padding
+    docs: Rule | None  # packed documents
+    bias: Rule | None  # the position scheme's score bias (ALiBi, T5)
+    no_cache: bool
+    aligned: bool  # Pattern.aligned: queries and keys at the same positions
+    live: Tensor | None  # Pattern.live: the cache slots any query can see (CPU cached steps)
 
 
 class Stack(nn.Module):
@@ -133,25 +151,26 @@ class Stack(nn.Module):
         aligned = aligned and cache is None and keys is None and docs is None
         # Slots past the highest query are dead: CPU cached steps skip them (nn/backends.py, prefix_sdpa).
         live = pos.max() + 1 if cache is not None and pos.is_cpu else None
-        shared = (B, T, k_pos, slots, order, keys, docs, bias, cache is None, aligned, live)
-        ctxs = tuple(self.kind_context(pos, kind.rope, kind.window, shared) for kind in (self, *self.kinds))
+        shared = Shared(pos, k_pos, slots, order, keys, docs, bias, cache is None, aligned, live)
+        ctxs = tuple(self.kind_context(shared, kind.rope, kind.window) for kind in (self, *self.kinds))
         return ctxs[0]._replace(by_kind=ctxs)
 
-    def kind_context(self, pos: Tensor, rope: nn.Module | None, size: int | None, shared: tuple) -> AttnInputs:
+    def kind_context(self, s: Shared, rope: nn.Module | None, size: int | None) -> AttnInputs:
         """One kind's context: the shared rules plus this kind's window and RoPE rows."""
-        B, T, k_pos, slots, order, keys, docs, bias, no_cache, aligned, live = shared
-        near = None if size is None else window(pos, k_pos, size)
-        fast = order is not None and no_cache and keys is None and near is None and docs is None and bias is None
-        mask = all_of([order, keys, near, docs])
+        near = None if size is None else window(s.pos, s.k_pos, size)
+        local = near is None and s.docs is None  # no rule that depends on the query beyond causal order
+        fast = s.order is not None and s.no_cache and s.keys is None and local and s.bias is None
+        mask = all_of([s.order, s.keys, near, s.docs])
         pattern = None
-        if mask is not None or bias is not None:
-            params = () if bias is None else self.score_bias.params
+        if mask is not None or s.bias is not None:
+            params = () if s.bias is None else self.score_bias.params
             reach = getattr(self.score_bias, "reach", None) if params else None
-            pattern = Pattern(mask, bias, B, self.n_heads, T, k_pos.shape[1], pos.device,
-                              key_only=order is None and near is None and docs is None, params=params,
-                              aligned=aligned, reach=reach, live=live)  # fmt: skip
-        rows = None if rope is None else rope(pos)
-        return self.prepare(AttnInputs(rope=rows, mask=None, bias=None, is_causal=fast, slots=slots, pattern=pattern))
+            B, T = s.pos.shape
+            pattern = Pattern(mask, s.bias, B, self.n_heads, T, s.k_pos.shape[1], s.pos.device,
+                              key_only=s.order is None and local, params=params, aligned=s.aligned, reach=reach,
+                              live=s.live)  # fmt: skip
+        rows = None if rope is None else rope(s.pos)
+        return self.prepare(AttnInputs(rope=rows, mask=None, bias=None, is_causal=fast, slots=s.slots, pattern=pattern))
 
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None, memory_kv=None, cross_ctx=None) -> Tensor:
         ctxs = ctx.by_kind or (ctx,)  # a context built by hand (tests) is every layer's

@@ -12,8 +12,9 @@ and a copy of it, since sgemm on two columns outruns MKL's one-row sgemv ~2.5x (
 
 Compiled (torch.compile, inductor): up to COMPILED_ROWS rows, the product is written as an
 elementwise multiply and a sum over the input dimension (``rowwise_product``). Inductor turns
-that into a vectorised reduction that streams fp32 weights at ~31 GB/s here, twice MKL's GEMV (FACTS.md;
-the gpt-fast observation that decoding is weight-bandwidth bound). The choice is made at trace
+that into a vectorised reduction that streams fp32 weights at the machine's bandwidth, about twice
+MKL's GEMV (benchmarks/decode.py measures that bound; the gpt-fast observation that decoding is
+weight-bandwidth bound). The choice is made at trace
 time (``torch.compiler.is_compiling()`` is a constant while dynamo traces), so eager numerics are
 unchanged and a compiled graph holds exactly one formulation; fp32 sums differ from MKL's only by
 reassociation.

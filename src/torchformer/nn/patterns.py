@@ -78,19 +78,21 @@ def dense_bias(rule: Rule, B: int, H: int, T: int, S: int, device: torch.device)
     return rule(*grids(B, H, T, S, device)).float().expand(B, H, T, S)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pattern:
     """Who may attend to whom and the score bias for one forward, as rules plus their sizes.
 
-    Built once per forward by the stack and shared by every layer. ``blocks`` holds flex's block
-    mask when the chosen path needs it (built once, not per layer); ``route`` is the backend that
-    ``auto`` picked for this forward; ``params`` are the tensors a bias rule learns (T5's table),
-    which flex's backward must return gradients for. ``aligned``: every row's queries and keys
-    sit at the same positions (self-attention, no cache, padding or documents), so each rule is a
-    function of (h, kv - q) only; ``reach``: a learned bias no longer varies with kv - q beyond
-    +-reach (T5's max_distance). ``offsets`` holds that form when the chosen path uses it
-    (nn/offsets.py). ``live``: in a cached step, the number of cache slots any query can see (a
-    0-d tensor, max position + 1); the slots beyond are masked for every query (nn/prefix.py).
+    Built once per forward by the stack and shared by every layer; frozen: what a backend's
+    prepare step adds (nn/routing.py) makes a new Pattern with ``dataclasses.replace``.
+    ``blocks`` holds flex's block mask when the chosen path needs it (built once, not per layer);
+    ``route`` is the backend that ``auto`` picked for this forward; ``params`` are the tensors a
+    bias rule learns (T5's table), which flex's backward must return gradients for. ``aligned``:
+    every row's queries and keys sit at the same positions (self-attention, no cache, padding or
+    documents), so each rule is a function of (h, kv - q) only; ``reach``: a learned bias no
+    longer varies with kv - q beyond +-reach (T5's max_distance). ``offsets`` holds that form
+    when the chosen path uses it (nn/offsets.py). ``live``: in a cached step, the number of cache
+    slots any query can see (a 0-d tensor, max position + 1); the slots beyond are masked for
+    every query (``prefix_sdpa`` in nn/backends.py skips them).
     """
 
     mask: Rule | None
@@ -108,8 +110,11 @@ class Pattern:
     offsets: object | None = None
     live: Tensor | None = None
     route: Callable[..., Tensor] | None = None
-    _dense: tuple[Tensor | None, Tensor | None] | None = field(default=None, repr=False)
-    _additive: Tensor | None = field(default=None, repr=False)
+    # The dense forms, derived from the fields above on first use and kept for every layer of the
+    # forward (set once through object.__setattr__, as a frozen class caches): a memo, not state;
+    # a replaced Pattern starts without them.
+    _dense: tuple[Tensor | None, Tensor | None] | None = field(default=None, init=False, repr=False, compare=False)
+    _additive: Tensor | None = field(default=None, init=False, repr=False, compare=False)
 
     def dense(self) -> tuple[Tensor | None, Tensor | None]:
         """(mask (B, 1, T|1, S) bool, bias (B, H, T, S) fp32), built once and kept."""
@@ -117,7 +122,7 @@ class Pattern:
             mask = None if self.mask is None else dense_mask(self.mask, self.B, self.T, self.S, self.device,
                                                              key_only=self.key_only)  # fmt: skip
             bias = None if self.bias is None else dense_bias(self.bias, self.B, self.H, self.T, self.S, self.device)
-            self._dense = (mask, bias)
+            object.__setattr__(self, "_dense", (mask, bias))
         return self._dense
 
     def additive(self, dtype: torch.dtype) -> Tensor | None:
@@ -129,7 +134,7 @@ class Pattern:
             if mask is not None:
                 term = torch.zeros(mask.shape, dtype=dtype, device=mask.device) if term is None else term
                 term = term.masked_fill(~mask, float("-inf"))  # (B, 1|H, T, S)
-            self._additive = term
+            object.__setattr__(self, "_additive", term)
         return self._additive
 
 

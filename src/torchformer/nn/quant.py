@@ -8,8 +8,8 @@ nibble), so each nibble plane meets a contiguous half of the group's inputs. (Me
 nibbles, which meet strided inputs, made inductor's loop ~10x slower.) The weight is q * s;
 activations stay in their dtype.
 
-Decoding reads every weight once per token, so bytes are speed (FACTS.md: ~480 tok/s for int8
-against ~230 for fp32, compiled). Compiled, the few-row product is nn.linear's multiply + sum
+Decoding reads every weight once per token, so bytes are speed (benchmarks/RESULTS.md, decode:
+535 tok/s for int8 against 224 for fp32, compiled, batch 1). Compiled, the few-row product is nn.linear's multiply + sum
 over the dequantised expression, which inductor fuses into one reduction that reads the integer
 bytes and never writes an fp32 weight (the gpt-fast approach to weight-only int8/int4). Eager,
 and for long prefills, the weight is dequantised then multiplied: exactly the reference.

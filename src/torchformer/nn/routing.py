@@ -24,6 +24,7 @@ Where flex cannot run, auto takes the dense path instead (build warns once, nami
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from torch import Tensor
 
@@ -46,9 +47,9 @@ def prepare_dense(ctx: AttnInputs) -> AttnInputs:
 
 def prepare_flex(ctx: AttnInputs) -> AttnInputs:
     """flex: the block mask, built once for all layers."""
-    if ctx.pattern is not None:
-        ctx.pattern.blocks = build_blocks(ctx.pattern)
-    return ctx
+    if ctx.pattern is None:
+        return ctx
+    return ctx._replace(pattern=replace(ctx.pattern, blocks=build_blocks(ctx.pattern)))
 
 
 def auto_preparer(softcap: float | None, flex_ok: bool) -> Prepare:
@@ -61,15 +62,12 @@ def auto_preparer(softcap: float | None, flex_ok: bool) -> Prepare:
         needs_flex = p is not None and (p.bias is not None or not p.key_only) and not ctx.is_causal
         needs_flex = needs_flex and ctx.slots is None
         if needs_flex and applies(p, softcap):
-            p.offsets, p.route = offset_vector(p), offset_attention
-            return ctx
+            return ctx._replace(pattern=replace(p, offsets=offset_vector(p), route=offset_attention))
         if flex_ok and (needs_flex or (softcap is not None and p is not None)):
-            p.route = flex_attention
-            return prepare_flex(ctx)
-        dense = prepare_dense(ctx)
-        if dense.pattern is not None:
-            dense.pattern.route = sdpa_attention if softcap is None else math_attention
-        return dense
+            return prepare_flex(ctx._replace(pattern=replace(p, route=flex_attention)))
+        if p is not None:  # routed first, so the dense forms are built on the Pattern the layers get
+            ctx = ctx._replace(pattern=replace(p, route=sdpa_attention if softcap is None else math_attention))
+        return prepare_dense(ctx)
 
     return prepare
 
