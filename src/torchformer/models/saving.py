@@ -108,7 +108,9 @@ def load(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> nn.M
     """
     cfg, quantization = read_config(path)
     if sharded.is_sharded(path):  # a sharded (DCP) training checkpoint: its shards read as whole tensors
-        return sharded.load_sharded(Path(path), cfg, device)
+        model = build_meta(cfg, Path(path) / CONFIG_FILE)
+        model.load_state_dict(sharded.read_whole(Path(path), unique_state(model)), strict=False, assign=True)
+        return materialize(model, cfg, device)
     weights = Path(path) / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{path} has no {WEIGHTS_FILE}")

@@ -13,7 +13,6 @@ import warnings
 from pathlib import Path
 
 import torch
-from torch import nn
 
 DCP_DIR = "dcp"
 
@@ -22,19 +21,16 @@ def is_sharded(path) -> bool:
     return (Path(path) / DCP_DIR).is_dir()
 
 
-def load_sharded(path: Path, cfg, device) -> nn.Module:
-    """The model of folder ``path`` (config ``cfg``) with its DCP weights, built as saving.load builds."""
+def read_whole(path: Path, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole tensors of the shapes and dtypes of ``expected`` (name -> a meta tensor), filled from
+    the DCP shards in ``path``/dcp; saving.load builds the model and hands its unique state here."""
     import torch.distributed.checkpoint as dcp
 
-    from .saving import build_meta, materialize, unique_state  # saving.load calls here: imported late
-
-    model = build_meta(cfg, Path(path) / "config.json")
-    state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in unique_state(model).items()}
+    state = {name: torch.empty(t.shape, dtype=t.dtype) for name, t in expected.items()}
     try:
         with warnings.catch_warnings():  # DCP's note that it loads in one process: that is the intent here
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": state}, checkpoint_id=str(Path(path) / DCP_DIR), no_dist=True)
     except Exception as e:  # DCP names one missing key or shape; say which folder and why
         raise ValueError(f"{path}: the sharded checkpoint does not fit its config.json: {e}") from None
-    model.load_state_dict(state, strict=False, assign=True)
-    return materialize(model, cfg, device)
+    return state

@@ -25,13 +25,8 @@ from torch import nn
 
 from ..atomic import TMP_PREFIX, fsync_path
 from ..models.saving import CONFIG_FILE
+from ..models.sharded import DCP_DIR, is_sharded  # noqa: F401 (is_sharded: run_state asks here)
 from . import checkpoint as ckpt
-
-DCP_DIR = "dcp"
-
-
-def is_sharded(path: Path) -> bool:
-    return (Path(path) / DCP_DIR).is_dir()
 
 
 def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe, out: Path, model, optimizer, tok,
