@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     tokens = stream(
         model,
-        torch.tensor([prompt]),
+        torch.tensor([prompt], device=next(model.parameters()).device),  # a --tp model may sit on a GPU
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
