@@ -104,7 +104,7 @@ def check_quantization(spec: str | os.PathLike, scheme: str | None, group_size: 
     from .models.quantize import check
 
     if scheme is None:
-        raise ValueError(f"group_size={group_size!r} needs quantize='int4'")
+        raise ValueError(f"group_size={group_size!r} needs quantize='int4' or 'int8'")
     stored = read_config(spec)[1] if model_kind(spec) == "torchformer" else None
     if stored is not None:
         raise ValueError(f"quantize={scheme!r}: {spec} is already quantized ({stored.scheme}); load it as it is")

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(
 def portable(kind: str, n: int, k: int, group: int, bias: bool, seed: int = 0):
     torch.manual_seed(seed)
     lin = nn.Linear(k, n, bias=bias)
-    return (Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, group)).eval()
+    group = group or None  # 0: int8's one scale per row
+    return (Int8Linear.from_linear(lin, group) if kind == "int8" else Int4Linear.from_linear(lin, group)).eval()
 
 
 def reference(source, x: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,7 @@ def reference(source, x: torch.Tensor) -> torch.Tensor:
 def block(source) -> int:
     """The activation block the kernel rounds x over: 32, or the largest power of two dividing the
     group (K for int8's one scale per row), K and 32."""
-    return math.gcd(math.gcd(32, getattr(source, "group_size", source.in_features)), source.in_features)
+    return math.gcd(math.gcd(32, source.group_size or source.in_features), source.in_features)
 
 
 def rounded(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -64,7 +65,7 @@ def rounding_bound(source, x: torch.Tensor) -> torch.Tensor:
 SHAPES = [
     ("int8", 40, 64, 0), ("int8", 33, 132, 0), ("int8", 256, 512, 0), ("int8", 17, 4, 0),
     ("int4", 40, 64, 8), ("int4", 33, 128, 32), ("int4", 48, 512, 64), ("int4", 20, 256, 128),
-    ("int4", 16, 96, 16),
+    ("int4", 16, 96, 16), ("int8", 40, 128, 32), ("int8", 33, 96, 16), ("int8", 24, 64, 4),
 ]  # fmt: skip
 
 
@@ -106,7 +107,7 @@ def test_leading_dims_and_bf16_activations():
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)  # one bf16 rounding of the result
 
 
-@pytest.mark.parametrize("kind,group", [("int8", 0), ("int4", 16)])
+@pytest.mark.parametrize("kind,group", [("int8", 0), ("int8", 32), ("int4", 16)])
 def test_state_dict_is_the_portable_one_and_loads_back(kind, group):
     source = portable(kind, 37, 64, group, bias=True)
     twin = formats.fits(source)(source)

@@ -135,3 +135,21 @@ def test_q4_0_projections_are_int4_modules_equal_to_ggufs_dequantization():
     expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
     assert torch.equal(module.dequantized(), expected)
     assert model.quantization is not None and model.quantization.scheme == "int4"
+
+
+def test_q8_0_projections_are_int8_modules_equal_to_ggufs_dequantization():
+    import gguf
+
+    from torchformer.nn.quant import Int8Linear
+
+    path = gguf_file("qwen2", "Q8_0")
+    model = from_gguf(path)
+    reader = gguf.GGUFReader(path)
+    t = next(t for t in reader.tensors if t.name == "blk.1.ffn_down.weight")
+    assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0
+    module = model.stack.blocks[1].mlp.down
+    assert isinstance(module, Int8Linear) and module.group_size == 32
+    expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
+    assert torch.equal(module.dequantized(), expected)
+    assert model.quantization is not None and model.quantization.scheme == "int8"
+    assert model.quantization.group_size == 32

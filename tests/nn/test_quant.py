@@ -19,7 +19,9 @@ def reference_weight(q) -> torch.Tensor:
     if isinstance(q, PanelLinear):
         q = q.portable()
     if isinstance(q, Int8Linear):
-        return q.qweight.to(torch.float64) * q.scale.to(torch.float64)[:, None]
+        scale = q.scale.to(torch.float64)
+        scale = scale[:, None] if q.group_size is None else scale.repeat_interleave(q.group_size, dim=1)
+        return q.qweight.to(torch.float64) * scale
     N, K, G = q.out_features, q.in_features, q.group_size
     w = torch.empty(N, K // G, G, dtype=torch.float64)
     byte = q.qweight.long().view(N, K // G, G // 2)
@@ -29,10 +31,11 @@ def reference_weight(q) -> torch.Tensor:
 
 
 def quantized(kind: str, lin: torch.nn.Linear):
-    return Int8Linear.from_linear(lin) if kind == "int8" else Int4Linear.from_linear(lin, int(kind[5:]))
+    group = int(kind[5:]) if "g" in kind else None
+    return Int8Linear.from_linear(lin, group) if kind.startswith("int8") else Int4Linear.from_linear(lin, group)
 
 
-KINDS = ["int8", "int4g16", "int4g32"]
+KINDS = ["int8", "int8g32", "int4g16", "int4g32"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -56,16 +59,16 @@ def test_rounding_is_within_half_a_step_and_scales_are_max_abs(kind):
         lin.weight[3] = 0.0  # an all-zero row must not divide by zero
     q = quantized(kind, lin)
     w = lin.weight.double()
-    qmax = 127 if kind == "int8" else 7
-    group = 64 if kind == "int8" else q.group_size
+    qmax = 127 if kind.startswith("int8") else 7
+    group = q.group_size or 64
     amax = w.abs().reshape(40, 64 // group, group).amax(-1)
     expected_scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
     torch.testing.assert_close(q.scale.double().reshape(40, -1), expected_scale, rtol=1e-6, atol=0)
     step = expected_scale.repeat_interleave(group, dim=1)
     assert ((reference_weight(q) - w).abs() <= step / 2 + 1e-7).all()
     assert (reference_weight(q)[3] == 0).all()
-    assert q.qweight.dtype == (torch.int8 if kind == "int8" else torch.uint8)
-    assert q.qweight.numel() == (64 * 40 if kind == "int8" else 64 * 40 // 2)  # two int4 per byte
+    assert q.qweight.dtype == (torch.int8 if kind.startswith("int8") else torch.uint8)
+    assert q.qweight.numel() == (64 * 40 if kind.startswith("int8") else 64 * 40 // 2)  # two int4 per byte
 
 
 def test_compiled_outputs_equal_reference_for_one_and_several_rows():
@@ -144,8 +147,8 @@ def test_bad_arguments_are_clear_errors():
         tfm.quantize(model, "int4", group_size=24)
     with pytest.raises(ValueError, match=r"group_size=7: must be an even integer"):
         tfm.quantize(model, "int4", group_size=7)
-    with pytest.raises(ValueError, match=r"group_size=32: int8 uses one scale per output row"):
-        tfm.quantize(model, "int8", group_size=32)
+    with pytest.raises(ValueError, match=r"group_size=24 does not divide in_features=32 of stack\.blocks\.0"):
+        tfm.quantize(model, "int8", group_size=24)
     with pytest.raises(TypeError, match=r"lm_head='yes'"):
         tfm.quantize(model, "int8", lm_head="yes")
     with pytest.raises(TypeError, match=r"model must be a torchformer .* got Linear"):

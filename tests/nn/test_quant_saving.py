@@ -22,6 +22,7 @@ def rows():
     enc = variants(("encoder",))
     return [
         (next(v for v in dec if not v["bias"]), "int8", None, True),  # tied head, quantized copy
+        (next(v for v in dec if v["bias"]), "int8", 16, True),  # int8 with a scale per group (GGUF's Q8_0: 32)
         (next(v for v in dec if v["bias"]), "int4", 16, True),  # untied head with a bias
         (next(v for v in dec if not v["bias"]), "int4", 32, False),  # head left float, still tied
         (seq[0], "int8", None, True),

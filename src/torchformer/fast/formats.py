@@ -148,28 +148,31 @@ class PanelLinear(QuantLinear):
 
 class Int8Panels(PanelLinear, Int8Linear):
     """``Int8Linear`` as panels (P, K / 4, 16, 4) of bytes q + 128 (each 64-byte line: 4 inputs of
-    16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its row scales padded
-    to P * 16 (the kernel's (P, 1, 16): one group of K inputs)."""
+    16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its scales as
+    (P, K / G, 16), G = K for one scale per row."""
 
     def allocate(self, group_size: int | None) -> None:
-        P, K = -(-self.out_features // LANES), self.in_features
+        P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
         self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.uint8), persistent=False)
-        self.register_buffer("scale", torch.zeros(P * LANES), persistent=False)
+        self.register_buffer("scale", torch.zeros(P, K // (group_size or K), LANES), persistent=False)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
         u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
         block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
         self.panels[p : p + block.shape[0]] = block
-        self.scale[rows] = scale
+        self.scale[p : p + block.shape[0]] = panels(scale.reshape(q.shape[0], -1))  # (p', K/G, 16)
 
     def product(self, x2: Tensor) -> Tensor:
-        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, self.in_features)
+        group = self.group_size or self.in_features
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, group)
 
     def portable(self) -> Int8Linear:
         N = self.out_features
         q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
-        return Int8Linear(q, self.scale[:N].clone(), self.bias)
+        scale = from_panels(self.scale, N)  # (N, K/G)
+        scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
+        return Int8Linear(q, scale, self.bias, self.group_size)
 
 
 class Int4Panels(PanelLinear, Int4Linear):
@@ -261,8 +264,9 @@ def fits(module: nn.Module) -> type[nn.Module] | None:
 
 def panel_twin(scheme: type[QuantLinear], k: int, group_size: int | None, like: Tensor) -> type[PanelLinear] | None:
     """The panel twin of ``scheme`` for K = k inputs, where the kernels run it for a weight on
-    ``like``'s device (int8: K a multiple of 4; int4: a group a multiple of 8)."""
-    fit = scheme is Int8Linear and k % 4 == 0 or scheme is Int4Linear and group_size % 8 == 0
+    ``like``'s device (int8: K and any group a multiple of 4; int4: a group a multiple of 8)."""
+    fit = scheme is Int8Linear and k % 4 == 0 and (group_size or k) % 4 == 0
+    fit = fit or scheme is Int4Linear and group_size % 8 == 0
     twin = {Int8Linear: Int8Panels, Int4Linear: Int4Panels}.get(scheme)
     return twin if fit and like.is_cpu and ops_ready() else None
 

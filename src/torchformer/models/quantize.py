@@ -29,7 +29,7 @@ class Quantization:
     """What ``quantize`` did; saved as the "quantization" entry of config.json."""
 
     scheme: str  # a key of models.build.QUANT_LINEARS
-    group_size: int | None  # int4 only
+    group_size: int | None  # int4's group; int8's, or None for one scale per output row
     lm_head: bool
 
     def to_dict(self) -> dict:
@@ -70,10 +70,8 @@ def check(model: nn.Module, scheme, group_size, lm_head) -> Quantization:
         raise ValueError(f"scheme={scheme!r}: must be one of {sorted(QUANT_LINEARS)}")
     if not isinstance(lm_head, bool):
         raise TypeError(f"lm_head={lm_head!r}: must be True or False")
-    if scheme == "int8":
-        if group_size is not None:
-            raise ValueError(f"group_size={group_size!r}: int8 uses one scale per output row; leave it None")
-        return Quantization("int8", None, lm_head)
+    if scheme == "int8" and group_size is None:
+        return Quantization("int8", None, lm_head)  # one scale per output row
     group_size = DEFAULT_GROUP_SIZE if group_size is None else group_size
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2 or group_size % 2:
         raise ValueError(f"group_size={group_size!r}: must be an even integer >= 2 (e.g. 32, 64, 128)")
@@ -83,7 +81,7 @@ def check(model: nn.Module, scheme, group_size, lm_head) -> Quantization:
                 f"group_size={group_size} does not divide in_features={m.in_features} of {name}; "
                 "choose a group size that divides every projection's input width"
             )
-    return Quantization("int4", group_size, lm_head)
+    return Quantization(scheme, group_size, lm_head)
 
 
 def quantize(
@@ -96,8 +94,9 @@ def quantize(
 ):
     """Replace ``model``'s projections by weight-only quantized linears; returns the model (eval).
 
-    scheme "int8": symmetric, one scale per output row. "int4": symmetric, two weights per byte,
-    one scale per ``group_size`` inputs (default 64). See ``torchformer.nn.quant``. On a CPU with
+    scheme "int8": symmetric, one scale per output row, or per ``group_size`` inputs when given
+    (32: GGUF's Q8_0). "int4": symmetric, two weights per byte, one scale per ``group_size``
+    inputs (default 64). See ``torchformer.nn.quant``. On a CPU with
     the project's kernels the modules hold their weights in the kernels' panels
     (``torchformer.fast.formats``); their state dict is the same.
 

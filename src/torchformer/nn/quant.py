@@ -1,15 +1,18 @@
-"""Weight-only quantized linears: int8 with one scale per output row, int4 with one scale per group.
+"""Weight-only quantized linears: int8 with one scale per output row (or per group: GGUF's Q8_0 is
+int8 with one scale per 32 inputs), int4 with one scale per group.
 
 Legend: N out features, K in features, G group size, rows = the product of x's leading dims.
-Both are symmetric (zero maps to zero, no zero point): int8 q = round(w / s), s = max|w_row| / 127,
-q in [-127, 127]; int4 q = round(w / s), s = max|w_group| / 7, q in [-7, 7], stored + 8 as a nibble,
-two per byte: byte j of a group holds input j of the group (low nibble) and input j + G/2 (high
-nibble), so each nibble plane meets a contiguous half of the group's inputs. (Measured: even/odd
-nibbles, which meet strided inputs, made inductor's loop ~10x slower.) The weight is q * s;
-activations stay in their dtype.
+Both are symmetric (zero maps to zero, no zero point): int8 q = round(w / s), s = max|w_row| / 127
+(or max|w_group| / 127), q in [-127, 127]; int4 q = round(w / s), s = max|w_group| / 7, q in
+[-7, 7], stored + 8 as a nibble, two per byte: byte j of a group holds input j of the group (low
+nibble) and input j + G/2 (high nibble), so each nibble plane meets a contiguous half of the
+group's inputs. (Measured: even/odd nibbles, which meet strided inputs, made inductor's loop ~10x
+slower.) The weight is q * s; activations stay in their dtype (the CPU kernels of
+fast/formats.py, which replace these modules where they run, round them to 8 bits per block).
 
 Decoding reads every weight once per token, so bytes are speed (benchmarks/RESULTS.md, decode:
-535 tok/s for int8 against 224 for fp32, compiled, batch 1). Compiled, the few-row product is nn.linear's multiply + sum
+535 tok/s for int8 against 224 for fp32, compiled, batch 1). Compiled, the few-row product is
+nn.linear's multiply + sum
 over the dequantised expression, which inductor fuses into one reduction that reads the integer
 bytes and never writes an fp32 weight (the gpt-fast approach to weight-only int8/int4). Eager,
 and for long prefills, the weight is dequantised then multiplied: exactly the reference.
@@ -104,11 +107,15 @@ class QuantLinear(nn.Module):
 
 
 class Int8Linear(QuantLinear):
-    """int8 weights (N, K), one fp32 scale per output row (N,)."""
+    """int8 weights (N, K), fp32 scales: one per output row (N,), or with ``group_size`` one per
+    group of G inputs (N, K // G)."""
 
-    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None, group_size: int | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = qweight.shape
+        self.group_size = group_size
+        if group_size is not None:
+            self.cpu_product_dtypes = ()  # torch's int8 kernel takes row scales only
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self._init_bias(bias)
@@ -117,24 +124,37 @@ class Int8Linear(QuantLinear):
     @torch.no_grad()
     def from_linear(cls, lin: nn.Linear, group_size: int | None = None, on_block=None) -> Int8Linear:
         w = lin.weight.detach()  # (N, K)
+        N, K = w.shape
         q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
-        scale = torch.empty(w.shape[0], dtype=torch.float32, device=w.device)  # (N,)
+        shape = (N,) if group_size is None else (N, K // group_size)
+        scale = torch.empty(shape, dtype=torch.float32, device=w.device)  # (N,) or (N, K/G)
 
         def write(rows: slice, q_rows: Tensor, s_rows: Tensor) -> None:
             q[rows], scale[rows] = q_rows, s_rows
 
-        quantize_by_blocks(w, cls.quantize_rows, write, on_block=on_block)
-        return cls(q, scale, lin.bias)
+        quantize_by_blocks(w, lambda rows: cls.quantize_rows(rows, group_size), write, on_block=on_block)
+        return cls(q, scale, lin.bias, group_size)
 
     @staticmethod
     def quantize_rows(w: Tensor, group_size: int | None = None) -> tuple[Tensor, Tensor]:
-        """w (n, K) -> q (n, K) int8 and the row scales (n,) fp32."""
-        w = w.to(torch.float32, copy=True)  # a copy: quantized in place below
-        scale = symmetric_scale(w, INT8_MAX)  # (n,)
-        return w.div_(scale[:, None]).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+        """w (n, K) -> q (n, K) int8 and the scales, (n,) or (n, K/G) fp32."""
+        n, K = w.shape
+        G = K if group_size is None else group_size
+        groups = w.to(torch.float32, copy=True).reshape(n, K // G, G)  # a copy: quantized in place below
+        scale = symmetric_scale(groups, INT8_MAX)  # (n, K/G)
+        q = groups.div_(scale[..., None]).round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8).reshape(n, K)
+        return q, scale[:, 0] if group_size is None else scale
 
     def dequantized(self) -> Tensor:
-        return self.qweight.float() * self.scale[:, None]  # (N, K)
+        N, K = self.qweight.shape
+        if self.group_size is None:
+            return self.qweight.float() * self.scale[:, None]  # (N, K)
+        groups = self.qweight.float().reshape(N, K // self.group_size, self.group_size)  # (N, K/G, G)
+        return (groups * self.scale[..., None]).reshape(N, K)
+
+    def extra_repr(self) -> str:
+        group = "" if self.group_size is None else f", group_size={self.group_size}"
+        return super().extra_repr() + group
 
     def values(self, rows: slice) -> tuple[Tensor, Tensor]:
         """The signed values and scales of rows ``rows`` (what ``quantize_rows`` gives)."""

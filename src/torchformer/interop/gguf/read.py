@@ -4,8 +4,9 @@ The whole file is checked before anything is built or read: the container (conta
 architecture and the config its metadata implies (archs.py -> the family's config_from_hf), then
 every tensor the model needs against the file (present, shaped as the config says, nothing left
 over). Names go ours -> Hugging Face (the family's key map, on the meta-device model) -> GGUF
-(gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0
-projections become Int4Linear modules holding the file's bytes, the rest are floats in ``dtype``.
+(gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0 and
+Q8_0 projections become Int4Linear / Int8Linear modules holding the file's numbers, the rest are
+floats in ``dtype``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from torch import Tensor, nn
 
 from ...configs import ModelConfig
 from ...fast.formats import prepare
+from ...models.build import QUANT_LINEARS
 from ...models.quantize import Quantization, targets
 from ...models.saving import build_meta, materialize, unique_state
-from ...nn.quant import Int4Linear
+from ...nn.quant import QuantLinear
 from ..hf import FAMILIES
 from .archs import AUX_TENSORS, EXPERT, JOINED, arch_of, gguf_name, hf_config, name_table, row_transforms
 from .container import FLOAT_TYPES, GGUFFile, open_gguf
-from .weights import float_tensor, q4_0_linear, raw_rows
+from .weights import QUANTIZED_LINEARS, float_tensor, raw_rows
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +75,9 @@ def from_gguf(
     """A torchformer model with the weights of the GGUF file ``path``, in eval mode.
 
     F32/F16/BF16 tensors load as floats in ``dtype`` (default float32, the precision llama.cpp
-    computes in on a CPU); Q4_0 projections load into Int4Linear (group 32, the file's bytes, no
-    float copy); other quantized types are dequantized to ``dtype`` at load (logged).
-    quantized=False dequantizes Q4_0 too (a float model, e.g. to write a Hugging Face folder). Any
+    computes in on a CPU); Q4_0 / Q8_0 projections load into Int4Linear / Int8Linear (group 32,
+    the file's numbers, no float copy); other quantized types are dequantized to ``dtype`` at load
+    (logged). quantized=False dequantizes Q4_0 and Q8_0 too (a float model, e.g. to write a Hugging Face folder). Any
     problem with the file is one ValueError before a weight is read.
     """
     if not isinstance(quantized, bool):
@@ -102,7 +104,7 @@ def from_gguf(
             return whole.reshape(theirs[hf_name].shape).to(dtype)
         return float_tensor(f, names[hf_name], rows(hf_name), dtype, tuple(theirs[hf_name].shape))
 
-    quantized = _q4_0_modules(f, model, keymap, names, rows, dtype, set(experts)) if quantized else {}
+    quantized = _quantized_modules(f, model, keymap, names, rows, dtype, set(experts)) if quantized else {}
     rest = [n for n in theirs if n not in quantized]
     state = keymap.to_ours(rest, tensor).tensors
     assert set(state) | {k for ks in quantized.values() for k in ks} == set(ours), "a tensor was left unloaded"
@@ -157,9 +159,10 @@ def _squeezed(shape) -> tuple:
     return tuple(n for n in shape if n != 1) if isinstance(shape, tuple) else shape
 
 
-def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set) -> dict[str, tuple[str, ...]]:
-    """Swap each projection stored as Q4_0 (and renamed as is by the key map) for an Int4Linear
-    over the file's bytes. Returns HF name -> the state keys of ours it filled."""
+def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set) -> dict[str, tuple[str, ...]]:
+    """Swap each projection stored as Q4_0 / Q8_0 (and renamed as is by the key map) for an
+    Int4Linear / Int8Linear over the file's numbers (weights.QUANTIZED_LINEARS). Returns HF name
+    -> the state keys of ours it filled."""
     done: dict[str, tuple[str, ...]] = {}
     for name, lin in targets(model, lm_head=True):
         weight = f"{name}.weight"
@@ -167,7 +170,7 @@ def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set)
         hf_name = next(iter(plain.tensors), None)
         if len(plain.tensors) != 1 or plain.tensors[hf_name] is not lin.weight:
             continue  # fused or transformed by the key map: loaded as floats
-        if hf_name not in names or hf_name in experts or f.type_name(names[hf_name]) != "Q4_0":
+        if hf_name not in names or hf_name in experts or f.type_name(names[hf_name]) not in QUANTIZED_LINEARS:
             continue  # a tied head (the embedding's tensor), an expert, or a type loaded as floats
         filled = (weight,)
         bias = None
@@ -176,7 +179,8 @@ def _q4_0_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set)
             shape = f.torch_shape(names[hf_bias])
             bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype, shape), (weight, f"{name}.bias")
             done[hf_bias] = ()
-        module = q4_0_linear(rows(hf_name), tuple(lin.weight.shape), bias)
+        load = QUANTIZED_LINEARS[f.type_name(names[hf_name])][0]
+        module = load(rows(hf_name), tuple(lin.weight.shape), bias)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
         done[hf_name] = filled
@@ -191,14 +195,17 @@ def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> Non
             "%s: dequantized %s tensors at load (no torchformer module runs these types as stored)", f.path, dequantized
         )
     if quantized:
-        logger.info(
-            "%s: %d Q4_0 projections loaded as Int4Linear (group 32)", f.path, sum(1 for v in quantized.values() if v)
-        )
+        kept = Counter(f.type_name(names[n]) for n, v in quantized.items() if v)
+        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0: Int8Linear, group 32): %s", f.path,
+                    dict(kept))  # fmt: skip
 
 
 def _record_quantization(model: nn.Module) -> None:
-    """model.quantization when every projection (and the head, or none of it) is int4: then
-    tfm.save writes a checkpoint tfm.load rebuilds; a mix stays unrecorded."""
-    head = isinstance(getattr(model, "lm_head", None), Int4Linear)
-    if not targets(model, lm_head=head):  # targets lists the float projections left
-        model.quantization = Quantization("int4", 32, head)
+    """model.quantization when every projection (and the head, or none of it) is of one scheme
+    (int4 or int8, group 32): then tfm.save writes a checkpoint tfm.load rebuilds; a mix of
+    schemes or of quantized and float projections stays unrecorded."""
+    head = isinstance(getattr(model, "lm_head", None), QuantLinear)
+    schemes = {type(m).scheme_type() for m in model.modules() if isinstance(m, QuantLinear)}
+    if len(schemes) == 1 and not targets(model, lm_head=head):  # targets lists the float projections left
+        scheme = next(name for name, cls in QUANT_LINEARS.items() if schemes == {cls})
+        model.quantization = Quantization(scheme, 32, head)

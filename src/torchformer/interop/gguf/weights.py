@@ -1,13 +1,13 @@
 """GGUF tensors -> torch: float types as they are, Q4_0 into ``Int4Linear`` (the same numbers and
-the same nibble order), every other type dequantized at load by the ``gguf`` package.
+the same nibble order) and Q8_0 into ``Int8Linear`` with a scale per 32 inputs (the same numbers),
+every other type dequantized at load by the ``gguf`` package.
 
 Q4_0 (llama.cpp ggml-quants): blocks of 32 inputs, an f16 scale d and 16 bytes; byte j holds input
 j (low nibble) and input j + 16 (high nibble), weight = d * (nibble - 8). nn/quant.py's Int4Linear
 with group 32 stores byte j of a group as input j (low) and j + G/2 (high), value + 8, times an fp32
 scale: the bytes are copied as they are and d widened to fp32, so its dequantized weight equals
-gguf's dequantization bit for bit. Q8_0 (32 int8 and an f16 scale per block) has no module of ours
-with one scale per 32 inputs (Int8Linear keeps one per output row), so it is dequantized: d * q is
-exact in fp32 (an 11-bit by 8-bit product), i.e. the float model equals the file's numbers.
+gguf's dequantization bit for bit. Q8_0 (blocks of 32 inputs: an f16 scale d and 32 int8 q,
+weight = d * q) is Int8Linear with group 32: q copied as it is, d widened to fp32.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...nn.quant import Int4Linear
+from ...nn.quant import Int4Linear, Int8Linear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
 
-Q4_0_GROUP = 32
+Q4_0_GROUP = Q8_0_GROUP = 32
 
 
 def raw_rows(f: GGUFFile, name: str) -> Tensor:
@@ -49,3 +49,16 @@ def q4_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     scale = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // Q4_0_GROUP).float()  # (N, K/32)
     qweight = blocks[..., 2:].reshape(n, k // 2).clone()  # (N, K/2): byte j = inputs j, j + 16 of a block
     return Int4Linear(qweight, scale, bias, Q4_0_GROUP)
+
+
+def q8_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
+    """Int8Linear (group 32) holding a Q8_0 matrix's values; rows: (N, K / 32 * 34) uint8."""
+    n, k = shape
+    blocks = rows.reshape(n, k // Q8_0_GROUP, 2 + Q8_0_GROUP)  # (N, K/32, 34): f16 d, 32 int8
+    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // Q8_0_GROUP).float()  # (N, K/32)
+    qweight = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, k)  # (N, K)
+    return Int8Linear(qweight, scale, bias, Q8_0_GROUP)
+
+
+# GGUF type -> (the loader of a projection stored in it, our scheme). Each keeps the file's numbers.
+QUANTIZED_LINEARS = {"Q4_0": (q4_0_linear, "int4"), "Q8_0": (q8_0_linear, "int8")}
