@@ -1,9 +1,12 @@
-"""One output file written atomically: a reader (or a failed run) sees the old file or the new one."""
+"""One output file written atomically (atomic.write_file): a reader (or a failed run) sees the old file or
+the new one."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from .. import atomic
 
 
 def check_file_path(path: str | os.PathLike, name: str = "path") -> Path:
@@ -15,13 +18,7 @@ def check_file_path(path: str | os.PathLike, name: str = "path") -> Path:
 
 
 def write_file(path: str | os.PathLike, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a hidden temporary sibling and a rename; returns the path."""
+    """Write ``data`` to ``path`` through atomic.py's writer (a hidden sibling, fsynced, renamed)."""
     path = check_file_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp_{path.name}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return atomic.write_file(path, lambda tmp: tmp.write_bytes(data))

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..atomic import TMP_PREFIX, fsync_path, write_folder
+from ..atomic import TMP_PREFIX, write_file, write_folder
 from ..models.saving import CONFIG_FILE, WEIGHTS_FILE, load_safetensors, read_json, unique_state
 
 STATE, OPTIM, RNG, TOKENIZER = "state.json", "optimizer.safetensors", "rng.safetensors", "tokenizer.json"
@@ -110,10 +110,7 @@ def _export(ckpt: Path, run_dir: Path) -> None:
     """Copy the model files to the run folder's top, so ``tfm.load(run_dir)`` and
     ``torchformer generate run_dir`` see the latest weights (each file replaced atomically)."""
     for name in (n for n in (WEIGHTS_FILE, ADAPTERS, CONFIG_FILE, TOKENIZER) if (ckpt / n).is_file()):
-        tmp = run_dir / f".{name}.tmp"
-        shutil.copyfile(ckpt / name, tmp)
-        fsync_path(tmp)
-        os.replace(tmp, run_dir / name)
+        write_file(run_dir / name, lambda tmp, name=name: shutil.copyfile(ckpt / name, tmp))
 
 
 def _prune(ckpts: Path, keep_last: int) -> None:
