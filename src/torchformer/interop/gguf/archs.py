@@ -30,13 +30,10 @@ What the converter changes (llama.cpp convert_hf_to_gguf.py):
   rope_factors_long/short tensors. llama.cpp picks the long factors when the context it was
   started with exceeds the original one, we (as transformers) when the sequence does: the same
   below the original length, which is what the tests cover.
-- ``deepseek2`` (DeepSeek-V3; V2's softmax router is not among our DeepSeek family's settings):
-  MLA written as MQA (head_count_kv 1, key_length kv_rank + rope dim); the per-head sizes are the
-  ``*_mla`` keys. ``kv_b_proj`` is split into per-head ``attn_k_b`` (transposed: (H, kv_rank,
-  nope)) and ``attn_v_b`` ((H, v, kv_rank)) for llama.cpp's absorbed attention: JOINED puts them
-  back. Rotary pairs interleaved (transformers' rope_interleave; not permuted by the converter);
-  the router's selection bias is ``exp_probs_b.bias`` (the converter renames HF's
-  ``e_score_correction_bias`` to ``e_score_correction.bias`` before its table: NAME_FIXES).
+- ``deepseek2`` (DeepSeek-V3; V2's softmax router is not our family's): MLA as MQA (head_count_kv 1;
+  per-head sizes in the ``*_mla`` keys); ``kv_b_proj`` split into per-head ``attn_k_b`` (H, kv_rank,
+  nope) and ``attn_v_b`` (H, v, kv_rank), joined back (JOINED); rotary pairs interleaved, unpermuted;
+  HF's ``e_score_correction_bias`` renamed ``.bias`` before the table (NAME_FIXES): ``exp_probs_b``.
 - Llama 3 RoPE scaling: not metadata but a ``rope_freqs`` tensor of per-frequency divisors; read
   as LongRoPE with those divisors for both lengths and attention factor 1 (the same frequencies).
 """
