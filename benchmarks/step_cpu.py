@@ -25,18 +25,26 @@ RESULT = "STEP-CPU "
 LONG, SHORT = 48, 16  # new tokens; per step = the difference over LONG - SHORT steps
 
 
-def systems(shape: str, formats: list[str]) -> list[tuple[str, str, dict]]:
-    """(label, runner, spec) per system and format; llama.cpp's file for each format."""
-    cache, out = engines.CACHE, []
+def systems(shape: str, formats: list[str]) -> tuple[list[tuple[str, str, dict]], list[tuple[str, str]]]:
+    """(label, runner, spec) per system and format, and the (ours, llama.cpp's) label pairs to
+    compare. Each quantized format also runs torchformer on llama.cpp's very file (issue 29:
+    Q8_0 / Q4_0 projections load into our int8 / int4 modules, group 32)."""
+    cache, out, pairs = engines.CACHE, [], []
     folder = engines.hf_folder(shape, cache)
     for fmt in formats:
         scheme, kinds, _ = engines.FORMATS[fmt]
         spec = {"threads": 1, "folder": str(folder), "scheme": scheme, "group_size": 64, "mode": "compiled"}
-        out.append((f"torchformer {fmt} compiled", "torchformer", spec))
         gguf = engines.gguf_file(shape, kinds[0], cache)
-        out.append((f"llama.cpp {kinds[0]}", "llama.cpp", {"gguf": str(gguf), "threads": 1, "batches": [1],
-                                                           "context": 256, "prompts": [64]}))  # fmt: skip
-    return out
+        theirs = f"llama.cpp {kinds[0]}"
+        out.append((f"torchformer {fmt} compiled", "torchformer", spec))
+        out.append((theirs, "llama.cpp", {"gguf": str(gguf), "threads": 1, "batches": [1], "context": 256,
+                                          "prompts": [64]}))  # fmt: skip
+        pairs.append((out[-2][0], theirs))
+        if scheme is not None:  # the same GGUF file, read by torchformer
+            out.append((f"torchformer {kinds[0]}-file compiled", "torchformer", {**spec, "folder": str(gguf),
+                                                                                 "scheme": None}))  # fmt: skip
+            pairs.append((out[-1][0], theirs))
+    return out, pairs
 
 
 def worker(runner: str, spec: dict, vocab: int, repeats: int) -> dict:
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"skipped: {missing} ({engines.INSTALL_HINT})")
         return 0
-    found = systems(args.shape, args.formats.split(","))
+    found, pairs = systems(args.shape, args.formats.split(","))
     rows: dict[str, list[float]] = {label: [] for label, _, _ in found}
     vocab = engines.SHAPES[args.shape]["vocab"]
     for r in range(args.rounds):
@@ -99,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
             engines.log(f"round {r + 1}: {label}: {ms} CPU ms a step")
             if ms is not None:
                 rows[label].append(ms)
-    pairs = [(found[i][0], found[i + 1][0]) for i in range(0, len(found), 2)]
     print(table(rows, pairs, args.rounds))
     return 0
 
