@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 import torchformer as tfm
-from tests.serve.conftest import train_tokenizer
+from tests.serve.conftest import llama_folder, train_tokenizer
 from torchformer.loading import load_tokenizer
 
 TASKS = ["tfm_choice", "tfm_rolling", "tfm_generate"]
@@ -30,22 +29,7 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALL
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("hf_llama")
-    tok = train_tokenizer()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>").save_pretrained(folder)
-    torch.manual_seed(0)
-    eos = tok.token_to_id("<|eos|>")
-    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_LEN,
-                      initializer_range=0.2,  # logits far from uniform: the choices' loglikelihoods differ
-                      bos_token_id=None, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
-    model = LlamaForCausalLM(cfg).eval()
-    for p in model.parameters():  # values an f16 GGUF file holds exactly: the GGUF copy is the same model
-        p.data = p.data.half().float()
-    model.save_pretrained(folder)
-    return folder
+    return llama_folder(tmp_path_factory.mktemp("hf_llama"), MAX_LEN, f16_exact=True)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,27 @@ def train_tokenizer():
     return tok
 
 
+def llama_folder(folder, max_positions: int, f16_exact: bool = False):
+    """A random 2-layer HF Llama folder over ``train_tokenizer`` (nothing downloaded), its logits far
+    from uniform (init 0.2) so loglikelihoods of different choices differ; ``f16_exact`` rounds
+    every weight to a value an f16 GGUF file holds exactly (a GGUF copy is then the same model)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = train_tokenizer()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>").save_pretrained(folder)
+    torch.manual_seed(0)
+    eos = tok.token_to_id("<|eos|>")
+    cfg = LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+                      initializer_range=0.2, bos_token_id=None, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+    model = LlamaForCausalLM(cfg).eval()
+    if f16_exact:
+        for p in model.parameters():
+            p.data = p.data.half().float()
+    model.save_pretrained(folder)
+    return folder
+
+
 def tiny_config(vocab_size: int) -> tfm.ModelConfig:
     return tfm.ModelConfig(
         arch="decoder",

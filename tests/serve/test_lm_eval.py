@@ -10,10 +10,9 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
 import torchformer as tfm
-from tests.serve.conftest import NAME, serving, train_tokenizer
+from tests.serve.conftest import NAME, llama_folder, serving
 
 TASK = "torchformer_tiny_choice"
 TASK_DIR = Path(__file__).with_name("lm_eval_task")
@@ -21,27 +20,7 @@ TASK_DIR = Path(__file__).with_name("lm_eval_task")
 
 @pytest.fixture(scope="module")
 def hf_folder(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("hf_llama")
-    tok = train_tokenizer()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eos|>", pad_token="<|eos|>").save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        initializer_range=0.2,  # logits far from uniform: the choices' loglikelihoods differ
-        bos_token_id=None,
-        eos_token_id=tok.token_to_id("<|eos|>"),
-        pad_token_id=tok.token_to_id("<|eos|>"),
-    )
-    LlamaForCausalLM(cfg).eval().save_pretrained(folder)
-    return folder
+    return llama_folder(tmp_path_factory.mktemp("hf_llama"), 256)
 
 
 @pytest.fixture
