@@ -86,27 +86,34 @@ def write_folder(
     check_target(path, {*(tensors or {}), *(texts or {}), *replaces}, force)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{path.name}.", dir=path.parent))
-    old = None
     try:
         for name, state in (tensors or {}).items():
             save_file(dict(state), str(tmp / name), metadata={"format": "pt"})
         for name, text in (texts or {}).items():
             (tmp / name).write_text(text)
-        for f in tmp.iterdir():
-            fsync_path(f)
-        fsync_path(tmp)
-        if path.exists():
-            old = path.with_name(f".old_{path.name}.{os.getpid()}")
-            shutil.rmtree(old, ignore_errors=True)
-            path.rename(old)
-        tmp.rename(path)
-        fsync_path(path.parent)
+        publish(tmp, path, list(tmp.iterdir()))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def publish(tmp: Path, path: Path, files: list[Path]) -> None:
+    """Make the filled hidden folder ``tmp`` the folder ``path``: ``files`` (what tmp holds) and tmp
+    flushed to disk, an existing ``path`` moved aside, tmp renamed into place and the rename made
+    durable, and only then the old folder deleted, so a crash at any point leaves the old folder
+    or the new one whole (write_folder; training/sharded_checkpoint.py's DCP checkpoints)."""
+    for f in [*files, tmp]:
+        fsync_path(f)
+    old = path.with_name(f".old_{path.name}.{os.getpid()}")
+    moved = path.exists()
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+    tmp.rename(path)
+    fsync_path(path.parent)
+    if moved:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class NewFolders:

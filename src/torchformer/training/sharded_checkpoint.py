@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..atomic import TMP_PREFIX, fsync_path
+from ..atomic import TMP_PREFIX, publish
 from ..models.saving import CONFIG_FILE
 from ..models.sharded import DCP_DIR, is_sharded  # noqa: F401 (is_sharded: run_state asks here)
 from . import checkpoint as ckpt
@@ -89,15 +89,8 @@ def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: 
                  ckpt.STATE: json.dumps({**state, "format": "dcp"}, indent=1)}  # fmt: skip
         for name, text in texts.items():
             (tmp / name).write_text(text)
-        for f in [*tmp.iterdir(), *(tmp / DCP_DIR).iterdir(), tmp / DCP_DIR, tmp]:
-            fsync_path(f)
-        old = ckpts / f".old_{final.name}"  # a resumed run rewrites the step it resumed from:
-        if final.exists():  # moved aside, deleted only once the new one is in place
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-        tmp.rename(final)
-        fsync_path(ckpts)
-        shutil.rmtree(old, ignore_errors=True)
+        # A resumed run rewrites the step it resumed from: publish moves it aside, deletes it last.
+        publish(tmp, final, [*tmp.iterdir(), *(tmp / DCP_DIR).iterdir(), tmp / DCP_DIR])
         for old in ckpt.list_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         for stale in ckpts.glob(f"{TMP_PREFIX}step_*.dcp"):  # torn by a rank killed mid-write, earlier
