@@ -11,7 +11,8 @@ Quantized files too hold the same numbers (Q4_0 / Q8_0 bit for bit in our Int4Li
 Int8Linear, the rest dequantized exactly), but llama.cpp multiplies them against activations it
 quantizes to 8 bits per block of 32 (Q8_0 / Q8_K dot products); our CPU kernels round them the same
 way for the Q4_0 / Q8_0 modules only (fast/formats.py), and with other roundings of the float
-activations in between: the gap is the activations' 8-bit rounding, ~2^-8 relative per product. With these logits of size ~2 that is several 1e-2 (measured
+activations in between: the gap is the activations' 8-bit rounding, ~2^-8 relative per product.
+With these logits of size ~2 that is several 1e-2 (measured
 up to 0.115, phi3 Q4_K_M); we bound it at 0.15 absolute and check the argmax agrees on most
 positions.
 """

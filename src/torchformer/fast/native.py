@@ -90,7 +90,9 @@ def build_folder(root: Path) -> Path:
                 str(SOURCES[0].parent.resolve()).encode(),
                 " ".join(FLAGS).encode(),
                 torch.__version__.encode(),
-                sys.prefix.encode(),
+                # resolved: a venv reached through a symlink and its console scripts (whose shebang
+                # names the real path) are one environment, one build
+                str(Path(sys.prefix).resolve()).encode(),
             ]
         )
     ).hexdigest()[:16]
