@@ -90,9 +90,10 @@ def build_folder(root: Path) -> Path:
                 str(SOURCES[0].parent.resolve()).encode(),
                 " ".join(FLAGS).encode(),
                 torch.__version__.encode(),
-                # resolved: a venv reached through a symlink and its console scripts (whose shebang
-                # names the real path) are one environment, one build
-                str(Path(sys.prefix).resolve()).encode(),
+                # as spelled, not resolved: torch's build file names the include paths under
+                # sys.prefix, so a venv reached through a symlink and its real path would rebuild
+                # each other's copy at every switch
+                sys.prefix.encode(),
             ]
         )
     ).hexdigest()[:16]
