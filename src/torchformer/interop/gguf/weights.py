@@ -42,21 +42,25 @@ def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape
     return torch.from_numpy(values).reshape(shape).to(dtype)
 
 
+def blocks(rows: Tensor, shape: tuple[int, int], payload: int) -> tuple[Tensor, Tensor]:
+    """A Q4_0 / Q8_0 matrix's rows (N, K / 32 * (2 + payload)) uint8 -> its f16 block scales widened
+    to fp32 (N, K/32) and the blocks' payload bytes (N, K/32, payload)."""
+    n, k = shape
+    b = rows.reshape(n, k // Q4_0_GROUP, 2 + payload)  # (N, K/32, 2 + payload): f16 d, then the values
+    return b[..., :2].contiguous().view(torch.float16).reshape(n, k // Q4_0_GROUP).float(), b[..., 2:]
+
+
 def q4_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int4Linear:
     """Int4Linear (group 32) holding a Q4_0 matrix's bytes; rows: (N, K / 32 * 18) uint8."""
-    n, k = shape
-    blocks = rows.reshape(n, k // Q4_0_GROUP, 2 + Q4_0_GROUP // 2)  # (N, K/32, 18): f16 d, 16 bytes
-    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // Q4_0_GROUP).float()  # (N, K/32)
-    qweight = blocks[..., 2:].reshape(n, k // 2).clone()  # (N, K/2): byte j = inputs j, j + 16 of a block
+    scale, payload = blocks(rows, shape, Q4_0_GROUP // 2)
+    qweight = payload.reshape(shape[0], shape[1] // 2).clone()  # (N, K/2): byte j = inputs j, j + 16 of a block
     return Int4Linear(qweight, scale, bias, Q4_0_GROUP)
 
 
 def q8_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
     """Int8Linear (group 32) holding a Q8_0 matrix's values; rows: (N, K / 32 * 34) uint8."""
-    n, k = shape
-    blocks = rows.reshape(n, k // Q8_0_GROUP, 2 + Q8_0_GROUP)  # (N, K/32, 34): f16 d, 32 int8
-    scale = blocks[..., :2].contiguous().view(torch.float16).reshape(n, k // Q8_0_GROUP).float()  # (N, K/32)
-    qweight = blocks[..., 2:].contiguous().view(torch.int8).reshape(n, k)  # (N, K)
+    scale, payload = blocks(rows, shape, Q8_0_GROUP)
+    qweight = payload.contiguous().view(torch.int8).reshape(shape)  # (N, K)
     return Int8Linear(qweight, scale, bias, Q8_0_GROUP)
 
 
