@@ -151,10 +151,12 @@ def test_lm_evals_own_command_line_runs_the_torchformer_backend(hf_folder, inclu
 
 
 def test_an_unknown_task_is_one_error_before_the_model_loads(hf_folder, include_path, monkeypatch, capsys):
-    from torchformer import loading
+    from torchformer.cli import eval as eval_cli
     from torchformer.cli.main import main
 
-    monkeypatch.setattr(loading, "load_any", lambda *a, **k: pytest.fail("the model was loaded"))
+    # Patched where the command looks it up (and after importing it): patching `loading.load_any` before
+    # the command's first import would leave the fake in cli/eval.py for every later test in the worker.
+    monkeypatch.setattr(eval_cli, "load_any", lambda *a, **k: pytest.fail("the model was loaded"))
     argv = ["eval", str(hf_folder), "--tasks", "tfm_choise,tfm_generate", "--include-path", str(include_path)]
     assert main(argv) == 2
     err = capsys.readouterr().err
