@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests
 
 # The generation tests once more on the library paths alone (TORCHFORMER_NATIVE=0: no native
 # kernels, as a CPU without AVX-512 or a compiler runs them); CI runs it after `make test`.
