@@ -1,4 +1,5 @@
-"""Run a module under torchrun on CPU (gloo), bounded in time, leaving no process behind."""
+"""Run a module under torchrun on CPU (gloo), bounded in time, leaving no process behind: to its end
+(``torchrun``), or in the background until stopped (``spawn``, ``stop_session``)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,3 +29,58 @@ def torchrun(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = 
         out, err = proc.communicate()
         raise AssertionError(f"torchrun {module} ran past {timeout} s: {err[-3000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def spawn(n: int, module: str, *args: str) -> tuple[subprocess.Popen, list[str]]:
+    """``torchrun`` as ``torchrun`` above, left running in a session of its own (stop it with
+    ``stop_session``); its stdout and stderr lines are collected as they come."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
+           "-m", module, *args]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT),
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                            start_new_session=True)  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes alive in session ``sid`` (Linux /proc): torchrun and every rank it started."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def rank_pid(sid: int, rank: int) -> int:
+    """The process of ``rank`` in torchrun session ``sid`` (its environment says RANK)."""
+    for pid in session_pids(sid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env:  # an exact entry (LOCAL_RANK=1 is another)
+            return pid
+    raise AssertionError(f"no process of rank {rank} in session {sid}")
+
+
+def stop_session(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> float:
+    """Send ``sig`` to torchrun, wait until every process of its session has exited (SIGKILL to
+    all of them past ``timeout`` s, then fail); returns the seconds that took."""
+    began = time.monotonic()
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    while session_pids(proc.pid) and time.monotonic() - began < timeout:
+        time.sleep(0.1)
+    left = session_pids(proc.pid)
+    if left:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert not left, f"processes {left} of torchrun were still alive {timeout} s after it was stopped"
+    return time.monotonic() - began

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -118,6 +120,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="how the model writes tool calls: hermes (<tool_call>, Qwen2.5/3), llama3 (JSON, Llama 3.1/3.2), "
         "mistral ([TOOL_CALLS]). Default: found from the chat template's text (hermes when it says nothing)",
     )
+    p.add_argument(
+        "--tp",
+        type=integer(1),
+        default=1,
+        metavar="N",
+        help="tensor parallel over N processes: torchrun --nproc_per_node N -m torchformer.cli.main serve MODEL "
+        "--tp N (rank 0 serves HTTP; every rank runs each step on its shard of the weights and cache)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights of a preset (random init)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -171,7 +181,7 @@ def max_model_len(args: argparse.Namespace, dtype: torch.dtype | None) -> ModelL
             f"{args.model}: the model did not load: serve needs a decoder-only model (generation) or an "
             f"encoder (embeddings), not {cfg.arch!r}"
         )
-    weights = count_params(cfg) * dtype_bytes(dtype)
+    weights = count_params(cfg) * dtype_bytes(dtype) // args.tp  # --tp N: each rank holds ~1/N of them
     return choose(cfg, args.slots, dtype, requested=args.max_model_len, free=free_memory(2 * weights))
 
 
@@ -201,6 +211,36 @@ def api_key(given: str | None) -> str | None:
     return key
 
 
+TP_TIMEOUT = 300.0  # seconds a rank waits for another in a collective before the server stops with an error
+
+
+def tp_session(args: argparse.Namespace, kind: str):
+    """With --tp N (> 1): the combination checked, the process group up and the TP mesh made."""
+    if args.tp == 1:
+        return None
+    from ..parallel.session import TPSession, check_launch, check_serve
+
+    check_launch(args.tp)  # before reading MODEL: the launch is the likelier mistake
+    check_serve(args.tp, kind=kind, config=model_config(args.model), quantize=args.quantize, compile=args.compile)
+    return TPSession.start(args.tp, timeout=TP_TIMEOUT)
+
+
+def follow_rank(args: argparse.Namespace, split, dtype: torch.dtype | None) -> int:
+    """A rank > 0 of ``serve --tp``: its shard loaded, it runs the steps rank 0 announces until
+    rank 0 says stop. It ignores SIGINT and SIGTERM (torchrun and a terminal send them to every
+    rank): rank 0 shuts down gracefully and then stops it."""
+    from ..serve.tp import follow
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    with torch.inference_mode():
+        model = split.load(args.model, dtype)
+    log.info("rank %d: its shard of %s loaded; running the steps rank 0 announces", split.rank, args.model)
+    follow(model, split)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve MODEL over HTTP with the OpenAI API: POST /v1/completions, POST /v1/chat/completions,
     GET /v1/models, GET /health, GET /metrics. Requests are batched continuously over --slots rows
@@ -214,6 +254,9 @@ def run(args: argparse.Namespace) -> int:
     key = api_key(args.api_key)
     kind = model_kind(args.model)  # a bad MODEL fails here, before the server starts
     length = max_model_len(args, dtype)  # and a context that cannot be served
+    split = tp_session(args, kind)  # None without --tp
+    if split is not None and split.rank != 0:
+        return follow_rank(args, split, dtype)
     folder = Path(args.model) if kind != "preset" else None
     tokenizer = load_tokenizer(folder) if folder is not None and has_tokenizer(folder) else None
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -223,8 +266,13 @@ def run(args: argparse.Namespace) -> int:
     if chat is None:
         log.warning("%s has no chat template: /v1/chat/completions answers 400", args.model)
     log.info("%s", length.line)
+    load = loader(args.model, args.quantize, args.seed, dtype)
+    if split is not None:  # rank 0 of --tp: its engine announces every step to the other ranks (serve/tp.py)
+        from ..serve.tp import Leader
+
+        Engine, load = functools.partial(Leader, split), functools.partial(split.load, args.model, dtype)  # noqa: N806
     engine = Engine(
-        loader(args.model, args.quantize, args.seed, dtype),
+        load,
         lambda vocab_size: Texts(tokenizer, vocab_size),
         slots=args.slots,
         max_queue=args.max_queue,

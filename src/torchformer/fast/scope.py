@@ -10,6 +10,7 @@ the originals come back on exit.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 from torch import nn
@@ -21,10 +22,21 @@ from .formats import prepare
 @contextlib.contextmanager
 def packed(model: nn.Module, rows: int = copies.MIN_ROWS) -> Iterator[None]:
     """Prepare ``model`` (module docstring) and pack its fp32 Linears while the block runs, when its
-    products will have >= MIN_ROWS rows (``rows``: the decode batch)."""
+    products will have >= MIN_ROWS rows (``rows``: the decode batch). A tensor-parallel model runs
+    as it is: its Linears carry their parallel styles' hooks, which a twin would not."""
+    if split(model):
+        yield
+        return
     prepare(model)
     swaps = copies.pack(model) if rows >= copies.MIN_ROWS else []
     try:
         yield
     finally:
         copies.unpack(swaps)
+
+
+def split(model: nn.Module) -> bool:
+    """Whether ``model`` holds DTensor weights (parallel/apply.py). No DTensor exists before
+    torch.distributed.tensor is imported, so a plain model never pays for that import here."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and any(isinstance(p, dtensor.DTensor) for p in model.parameters())

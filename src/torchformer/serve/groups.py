@@ -8,23 +8,22 @@ from torch import Tensor
 
 from .jobs import Job
 from .logprobs import TokenLogprob, prompt_logprobs, score
-from .rows import copy_row
 
 
 def first_tokens(
-    model, cache, group: list[Job], rows: list[int], logits: Tensor, hidden: Tensor, vocab_size: int
+    engine, group: list[Job], rows: list[int], logits: Tensor, hidden: Tensor, vocab_size: int
 ) -> tuple[tuple[TokenLogprob, ...], list[int], list[TokenLogprob | None]]:
     """``group[0]`` is prefilled (logits (1, V), hidden (T, D) of its row); ``rows``: those of the
-    other jobs. Returns (the echoed prompt's logprobs, each job's first token, its logprob); no
-    tokens when max_tokens is 0 (echo only)."""
+    other jobs, which get copies of its row (``engine.copy_row``). Returns (the echoed prompt's
+    logprobs, each job's first token, its logprob); no tokens when max_tokens is 0 (echo only)."""
     leader, k = group[0], group[0].params.logprobs
     device = logits.device
     for job, row in zip(group[1:], rows):
-        copy_row(cache, leader.row, row, len(leader.prompt))
+        engine.copy_row(leader.row, row, len(leader.prompt))
         job.start(row, vocab_size, device)
     echo = ()
     if leader.params.echo and k is not None:
-        echo = tuple(prompt_logprobs(model, hidden, leader.prompt, k))
+        echo = tuple(prompt_logprobs(engine.head, hidden, leader.prompt, k))
     if leader.max_tokens == 0:
         return echo, [], []
     tokens = [int(logits[0].argmax(-1) if job.fast else job.sample(logits)[0]) for job in group]

@@ -36,13 +36,13 @@ def score(logits: Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
     return [TokenLogprob(t, r[0], tuple(zip(i, r[1:]))) for t, r, i in zip(tokens, rows, ids.tolist())]
 
 
-def prompt_logprobs(model, hidden: Tensor, prompt: list[int], k: int) -> list[TokenLogprob]:
+def prompt_logprobs(head, hidden: Tensor, prompt: list[int], k: int) -> list[TokenLogprob]:
     """The prompt's own tokens scored by the prefill's hidden states (T, D) of its row: token t by
-    position t - 1; the first has no logprob (OpenAI's null)."""
+    position t - 1 (``head``: the model's LM head); the first has no logprob (OpenAI's null)."""
     first = TokenLogprob(prompt[0], None, ())
     if len(prompt) == 1:
         return [first]
-    logits = model.lm_head(hidden[: len(prompt) - 1])  # (T - 1, V)
+    logits = head(hidden[: len(prompt) - 1])  # (T - 1, V)
     return [first, *score(logits, prompt[1:], k)]
 
 

@@ -16,13 +16,24 @@ from .groups import first_tokens
 from .jobs import Job, Prompt
 from .logprobs import step_logprobs
 from .protocol import APIError, shutting_down
-from .rows import prefill_batches, prefill_rows, rows_view, span
+from .rows import copy_row, prefill_batches, prefill_rows, rows_view, span
 from .topk import argmax
 
 log = logging.getLogger(__name__)
 
 
 class Scheduler:
+    # The engine's three uses of its model and cache besides the decode step (``step_fn``), as
+    # methods: a tensor-parallel server's rank 0 announces each to the other ranks first (tp.py).
+    def prefill_rows(self, start: int, prompts: list[list[int]], reused: int):
+        return prefill_rows(self.model, self.cache, start, prompts, reused)  # (b, V), (b, T, D)
+
+    def copy_row(self, src: int, dst: int, length: int) -> None:
+        copy_row(self.cache, src, dst, length)
+
+    def head(self, hidden):
+        return self.model.lm_head(hidden)  # (..., D) -> (..., V)
+
     def free(self, job: Job) -> None:
         """The row is free; its cache keeps the tokens written (the last chosen one is not)."""
         self.rows[job.row] = None
@@ -94,7 +105,7 @@ class Scheduler:
             # keeps its rows and the hole's prompt is a dummy one whose row stays free.
             prompts = [g[0].prompt[reused:] if g[0] in started else [0] for _, g, _ in batch]
             self.held.written([row for row, _, _ in batch], reused)
-            logits, hidden = prefill_rows(self.model, self.cache, batch[0][0], prompts, reused)  # (b, V), (b, T, D)
+            logits, hidden = self.prefill_rows(batch[0][0], prompts, reused)  # (b, V), (b, T, D)
         except Exception as err:  # noqa: BLE001 - these requests fail; the engine goes on
             for _, group, _ in batch:
                 if group[0] in started:
@@ -106,9 +117,7 @@ class Scheduler:
             try:
                 group[0].cached = reused
                 self.metrics.prefix(len(group[0].prompt), reused)
-                firsts = first_tokens(
-                    self.model, self.cache, group, rows, logits[i : i + 1], hidden[i], self.texts.vocab_size
-                )
+                firsts = first_tokens(self, group, rows, logits[i : i + 1], hidden[i], self.texts.vocab_size)
             except Exception as err:  # noqa: BLE001 - this request fails; the others go on
                 self.fail_group(group, err)
                 for row in rows:  # a copy into them may have begun
