@@ -248,20 +248,36 @@ def need_llama_cpp() -> None:
 
 
 def llama(path: Path):
-    """llama.cpp on ``path`` in f32 throughout: f32 KV cache, flash attention off, every position's logits."""
+    """llama.cpp on ``path`` in f32 throughout: f32 KV cache, flash attention off, every position's
+    logits; without its extra buffer types (runtime weight repacking, AMX): ggml's AMX product
+    segfaults on quantized files where the CPU has AMX (llama-cpp-python 0.3.36 built with
+    GGML_NATIVE on a Xeon with amx_int8: ggml_backend_amx_mul_mat), and the binding's Llama takes
+    no argument for it, so its default model params are swapped for this one construction."""
     import llama_cpp
+    from llama_cpp import llama as binding
 
-    return llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=128,
-        logits_all=True,
-        type_k=llama_cpp.GGML_TYPE_F32,
-        type_v=llama_cpp.GGML_TYPE_F32,
-        flash_attn=False,
-        n_threads=1,
-        n_threads_batch=1,
-        verbose=False,
-    )
+    default = binding.llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    binding.llama_cpp.llama_model_default_params = params
+    try:
+        return llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=128,
+            logits_all=True,
+            type_k=llama_cpp.GGML_TYPE_F32,
+            type_v=llama_cpp.GGML_TYPE_F32,
+            flash_attn=False,
+            n_threads=1,
+            n_threads_batch=1,
+            verbose=False,
+        )
+    finally:
+        binding.llama_cpp.llama_model_default_params = default
 
 
 def llama_logits(path: Path, ids: list[int]) -> torch.Tensor:

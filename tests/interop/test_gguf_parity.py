@@ -7,11 +7,12 @@ order of fp32 sums (1e-4; measured <= 3.2e-6). An F16 file too, but llama.cpp's 
 F16 weights rounds the activations to f16 first (ggml's F16 dot product works in f16 pairs),
 ~2^-11 relative: with the fixtures' logits of size ~2 (gguf_llamacpp.py initialises them wide
 enough for varied greedy text), measured 0.9e-3 (llama) to 3.8e-3 (phi3); we bound it at 5e-3.
-Quantized files too hold the same numbers (Q4_0 / Q8_0 bit for bit in our Int4Linear /
-Int8Linear, the rest dequantized exactly), but llama.cpp multiplies them against activations it
-quantizes to 8 bits per block of 32 (Q8_0 / Q8_K dot products); our CPU kernels round them the same
-way for the Q4_0 / Q8_0 modules only (fast/formats.py), and with other roundings of the float
-activations in between: the gap is the activations' 8-bit rounding, ~2^-8 relative per product.
+Quantized files too hold the same numbers (Q4_0 / Q8_0 / Q6_K / Q4_K bit for bit in our
+Int4Linear / Int8Linear / Int4MinLinear, the rest dequantized exactly), but llama.cpp multiplies
+them against activations it quantizes to 8 bits per block of 32 (Q8_0 / Q8_K dot products); our
+CPU kernels round them per block of 32 (16 for Q6_K's groups) for those modules (fast/formats.py),
+and with other roundings of the float activations in between: the gap is the activations' 8-bit
+rounding, ~2^-8 relative per product.
 With these logits of size ~2 that is several 1e-2 (measured
 up to 0.115, phi3 Q4_K_M); we bound it at 0.15 absolute and check the argmax agrees on most
 positions.
@@ -25,6 +26,7 @@ import torch
 from tests.decoding import assert_varied
 from torchformer.interop.gguf import from_gguf
 from torchformer.nn.quant import Int4Linear, Int8Linear
+from torchformer.nn.quant_min import Int4MinLinear
 
 from .gguf_llamacpp import gguf_file, hf_folder, llama_greedy, llama_logits, need_llama_cpp
 
@@ -126,7 +128,8 @@ def test_quantized_logits_within_the_formats_error(family, kind):
     assert_quantized_close(family, ours(path, IDS), llama_logits(path, IDS))
 
 
-@pytest.mark.parametrize("kind,module_type,scheme", [("Q4_0", Int4Linear, "int4"), ("Q8_0", Int8Linear, "int8")])
+# Q4_0 files keep their head in Q6_K, which loads into Int8Linear (group 16): two schemes, unrecorded.
+@pytest.mark.parametrize("kind,module_type,scheme", [("Q4_0", Int4Linear, None), ("Q8_0", Int8Linear, "int8")])
 def test_quantized_projections_are_our_modules_equal_to_ggufs_dequantization(kind, module_type, scheme):
     import gguf
 
@@ -139,5 +142,40 @@ def test_quantized_projections_are_our_modules_equal_to_ggufs_dequantization(kin
     assert isinstance(module, module_type) and module.group_size == 32
     expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
     assert torch.equal(module.dequantized(), expected)
-    assert model.quantization is not None and model.quantization.scheme == scheme
-    assert model.quantization.group_size == 32
+    if scheme is None:
+        assert getattr(model, "quantization", None) is None
+        assert isinstance(model.lm_head, Int8Linear) and model.lm_head.group_size == 16
+    else:
+        assert model.quantization is not None and model.quantization.scheme == scheme
+        assert model.quantization.group_size == 32
+
+
+# GGUF tensor kind -> our module's path in a block
+BLOCK_MODULES = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "attn.v_proj",
+                 "attn_output": "attn.o_proj", "ffn_gate": "mlp.gate", "ffn_up": "mlp.up",
+                 "ffn_down": "mlp.down"}  # fmt: skip
+
+
+def test_k_quant_projections_are_our_modules_equal_to_ggufs_dequantization():
+    """A Q4_K_M file (Q4_K, and Q6_K for some attn_v / ffn_down and the head): every projection is
+    Int4MinLinear (group 32) or Int8Linear (group 16) holding the file's numbers bit for bit."""
+    import gguf
+
+    path = gguf_file("qwen2", "Q4_K_M")
+    model = from_gguf(path)
+    expected_module = {"Q4_K": (Int4MinLinear, 32), "Q6_K": (Int8Linear, 16)}
+    seen = []
+    for t in gguf.GGUFReader(path).tensors:
+        parts = t.name.split(".")
+        if t.name == "output.weight":
+            module = model.lm_head
+        elif parts[0] == "blk" and parts[2] in BLOCK_MODULES and parts[-1] == "weight":
+            module = model.stack.blocks[int(parts[1])].get_submodule(BLOCK_MODULES[parts[2]])
+        else:
+            continue
+        cls, group = expected_module[t.tensor_type.name]
+        assert isinstance(module, cls) and module.group_size == group, (t.name, module)
+        assert torch.equal(module.dequantized(), torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)))
+        seen.append(t.tensor_type.name)
+    assert len(seen) == 1 + 7 * 2 and set(seen) == {"Q4_K", "Q6_K"}, seen
+    assert getattr(model, "quantization", None) is None  # two schemes: tfm.save cannot record it as one

@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
+from ..nn.quant_min import Int4MinLinear
 from .native import kernels
 from .panels import LANES, panels
 
@@ -52,6 +53,7 @@ def ops_ready() -> bool:
         return False
     torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     return True
 
@@ -205,6 +207,30 @@ class Int4Panels(PanelLinear, Int4Linear):
         return super().extra_repr() + f", group_size={self.group_size}"
 
 
+class Int4MinPanels(Int4Panels, Int4MinLinear):
+    """``Int4MinLinear`` as Int4Panels' panels (the nibbles u, the kernel taking them without an
+    offset) and scales, plus its minimums as (P, K / G, 16): ``int4_min_mm`` subtracts each group's
+    minimum times the group's sum of x (nn/quant_min.py)."""
+
+    def allocate(self, group_size: int | None) -> None:
+        super().allocate(group_size)
+        self.register_buffer("minimum", torch.zeros_like(self.scale), persistent=False)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor, minimum: Tensor) -> None:  # type: ignore[override]
+        super().write(rows, q, scale)
+        p, block = rows.start // LANES, panels(minimum)  # (p', K/G, 16)
+        self.minimum[p : p + block.shape[0]] = block
+
+    def product(self, x2: Tensor) -> Tensor:
+        m, n, g = self.minimum, self.out_features, self.group_size
+        return torch.ops.torchformer.int4_min_mm(x2, self.panels, self.scale, m, n, g)
+
+    def portable(self) -> Int4MinLinear:
+        plain = super().portable()  # Int4Linear over the same nibbles and scales
+        minimum = from_panels(self.minimum, self.out_features).contiguous()  # (N, K/G)
+        return Int4MinLinear(plain.qweight, plain.scale, minimum, self.bias, self.group_size)
+
+
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
 # MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
 # whole matrix). Measured over 2 layers of the Llama-3.2-1B shape, 2 threads: 16 rows: kernel
@@ -257,7 +283,7 @@ def fits(module: nn.Module) -> type[nn.Module] | None:
     """The kernels' twin for ``module``, or None where the kernels cannot run it."""
     if type(module) is Linear and module.weight.dtype == torch.bfloat16 and module.weight.is_cpu:
         return Bf16Linear if ops_ready() else None
-    if type(module) in (Int8Linear, Int4Linear):
+    if type(module) in (Int8Linear, Int4Linear, Int4MinLinear):
         return panel_twin(type(module), module.in_features, getattr(module, "group_size", None), module.qweight)
     return None
 
@@ -266,8 +292,8 @@ def panel_twin(scheme: type[QuantLinear], k: int, group_size: int | None, like: 
     """The panel twin of ``scheme`` for K = k inputs, where the kernels run it for a weight on
     ``like``'s device (int8: K and any group a multiple of 4; int4: a group a multiple of 8)."""
     fit = scheme is Int8Linear and k % 4 == 0 and (group_size or k) % 4 == 0
-    fit = fit or scheme is Int4Linear and group_size % 8 == 0
-    twin = {Int8Linear: Int8Panels, Int4Linear: Int4Panels}.get(scheme)
+    fit = fit or scheme in (Int4Linear, Int4MinLinear) and group_size % 8 == 0
+    twin = {Int8Linear: Int8Panels, Int4Linear: Int4Panels, Int4MinLinear: Int4MinPanels}.get(scheme)
     return twin if fit and like.is_cpu and ops_ready() else None
 
 

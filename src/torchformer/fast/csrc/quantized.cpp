@@ -20,6 +20,12 @@
 // for (q + 128) x (2 * 255 * 127 > 32767), so int8 flips back to signed q and takes |x| with the
 // sign moved onto the weight (negated where x < 0): exact, 2 * 127 * 127 < 32767.
 //
+// Asymmetric int4 (llama.cpp's Q4_K: w = s * u - m per group, u in [0, 15] the nibble as stored):
+// sum_k x_k w_k = s * sum(x_q u) - m * sum(x_q) per group, so `int4_min_mm` takes the nibbles
+// without the offset and subtracts, once per group and row, the group's minimum times the rounded
+// x's sum, which the quantization of x computes anyway. A format flag (Int4Min::MIN) compiles that
+// in; the symmetric kernels are unchanged.
+//
 // Numerics: the weights are exactly the reference module's q and scales; the activations are
 // rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
 // llama.cpp. Integer sums are exact; each block's sum is scaled in fp32.
@@ -57,21 +63,19 @@ bool vnni() {
   return has;
 }
 
-// What a block's integer sum overcounts, per unit of the block's sum of q_x: the stored weights
-// are q + offset (int4's nibbles q + 8; int8's bytes q + 128 for `vpdpbusd`, whose first operand
-// is unsigned; the copies without VNNI flip int8 back to signed and need none).
-int32_t weight_offset(bool int4, bool with_vnni) { return int4 ? 8 : with_vnni ? 128 : 0; }
-
 // x rows quantized per block of B inputs.
 struct Acts {
   const int8_t* q;      // (R, K)
   const float* scale;   // (R, K / B): max|x| / 127 of the block (0 for an all-zero block)
   const int32_t* bias;  // (R, K / B): what the block's integer sum overcounts (int4: 8 * sum q)
+  const float* sum;     // (R, K / B): s * sum q, the rounded block's sum (formats with a minimum only)
   int64_t K, B;
 };
 
-// One row r: q = round(x / s) with s = max|x| / 127 per block; offset * sum(q) per block.
-void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* q, float* scale, int32_t* bias) {
+// One row r: q = round(x / s) with s = max|x| / 127 per block; offset * sum(q) per block, and
+// s * sum(q) where `sum` is given.
+void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* q, float* scale, int32_t* bias,
+                  float* xsum) {
   for (int64_t b = 0; b < K / B; ++b) {
     const float* xb = x + b * B;
     float amax = 0.f;
@@ -102,12 +106,14 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
       }
     }
     bias[b] = offset * sum;
+    if (xsum) xsum[b] = scale[b] * static_cast<float>(sum);
   }
 }
 
 struct Weights {
   const uint8_t* panels;  // P panels of K / KL lines
   const float* scale;     // (P, K / G, 16)
+  const float* minimum;   // (P, K / G, 16): what a group subtracts per unit of x (formats with MIN only)
   int64_t K, G;           // G: inputs per weight scale (K for one scale per row)
 };
 
@@ -126,9 +132,9 @@ namespace with_vnni {
 // The activation block: 32 inputs, or the largest power of two dividing both the group and 32.
 int64_t act_block(int64_t K, int64_t G) { return std::gcd<int64_t>(std::gcd<int64_t>(32, G), K); }
 
-template <class F, class FV>  // the format's plain and VNNI copies
-torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
-                      int64_t G, const char* name) {
+template <class F, class FV>  // the format's plain and VNNI copies; minimum: defined for F::MIN only
+torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
+                      const torch::Tensor& minimum, int64_t N, int64_t G, const char* name) {
   const int64_t R = x.size(0), K = x.size(1);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, name,
               ": x must be (R, K) contiguous fp32");
@@ -139,18 +145,24 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
               ": the panels do not match N and K");
   TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == P * (K / G) * LANES,
               name, ": scale must be fp32 (P, K / group, 16)");
+  TORCH_CHECK(!F::MIN || (minimum.scalar_type() == at::kFloat && minimum.is_contiguous() &&
+                          minimum.numel() == P * (K / G) * LANES),
+              name, ": minimum must be fp32 (P, K / group, 16)");
   const int64_t B = act_block(K, G);
   auto q = torch::empty({R, K}, x.options().dtype(at::kChar));
   auto xs = torch::empty({R, K / B}, x.options());
   auto bias = torch::empty({R, K / B}, x.options().dtype(at::kInt));
+  const torch::Tensor sums = torch::empty({F::MIN ? R : 0, K / B}, x.options());
+  float* sp = F::MIN ? sums.data_ptr<float>() : nullptr;
   const float* xp = x.data_ptr<float>();
-  const int32_t offset = weight_offset(F::KL == 8, vnni());
+  const int32_t offset = F::offset(vnni());
   for (int64_t r = 0; r < R; ++r)
     quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
-                 bias.data_ptr<int32_t>() + r * (K / B));
+                 bias.data_ptr<int32_t>() + r * (K / B), sp ? sp + r * (K / B) : nullptr);
   auto out = torch::empty({R, N}, x.options());
-  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr<float>(), K, G};
-  const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), K, B};
+  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr<float>(),
+                   F::MIN ? minimum.data_ptr<float>() : nullptr, K, G};
+  const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, K, B};
   if (vnni())
     with_vnni::run<FV, true>(wt, a, R, N, out.data_ptr<float>());
   else
@@ -164,14 +176,21 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int8_mm: panels must be uint8 (q + 128)");
-  return product<plain::Int8, with_vnni::Int8>(x, wp, scale, N, group, "int8_mm");
+  return product<plain::Int8, with_vnni::Int8>(x, wp, scale, torch::Tensor(), N, group, "int8_mm");
 }
 
 // x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale (P, K / group, 16).
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_mm: panels must be uint8");
-  return product<plain::Int4, with_vnni::Int4>(x, wp, scale, N, group, "int4_mm");
+  return product<plain::Int4, with_vnni::Int4>(x, wp, scale, torch::Tensor(), N, group, "int4_mm");
+}
+
+// As int4_mm over nibbles u (no offset: w = scale * u - minimum per group); minimum (P, K / group, 16).
+torch::Tensor int4_min_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
+                          const torch::Tensor& minimum, int64_t N, int64_t group) {
+  TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_min_mm: panels must be uint8");
+  return product<plain::Int4Min, with_vnni::Int4Min>(x, wp, scale, minimum, N, group, "int4_min_mm");
 }
 
 bool has_vnni() { return vnni(); }
@@ -180,8 +199,10 @@ TORCH_LIBRARY_FRAGMENT(torchformer, m) {
   m.def("has_vnni() -> bool", &has_vnni);
   m.def("int8_mm(Tensor x, Tensor panels, Tensor scale, int n, int group) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group) -> Tensor");
+  m.def("int4_min_mm(Tensor x, Tensor panels, Tensor scale, Tensor minimum, int n, int group) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) {
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
+  m.impl("int4_min_mm", &int4_min_mm);
 }

@@ -4,9 +4,9 @@ The whole file is checked before anything is built or read: the container (conta
 architecture and the config its metadata implies (archs.py -> the family's config_from_hf), then
 every tensor the model needs against the file (present, shaped as the config says, nothing left
 over). Names go ours -> Hugging Face (the family's key map, on the meta-device model) -> GGUF
-(gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0 and
-Q8_0 projections become Int4Linear / Int8Linear modules holding the file's numbers, the rest are
-floats in ``dtype``.
+(gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0,
+Q8_0, Q6_K and Q4_K projections become quantized modules holding the file's numbers
+(weights.QUANTIZED_LINEARS), the rest are floats in ``dtype``.
 """
 
 from __future__ import annotations
@@ -75,10 +75,11 @@ def from_gguf(
     """A torchformer model with the weights of the GGUF file ``path``, in eval mode.
 
     F32/F16/BF16 tensors load as floats in ``dtype`` (default float32, the precision llama.cpp
-    computes in on a CPU); Q4_0 / Q8_0 projections load into Int4Linear / Int8Linear (group 32,
-    the file's numbers, no float copy); other quantized types are dequantized to ``dtype`` at load
-    (logged). quantized=False dequantizes Q4_0 and Q8_0 too (a float model, e.g. to write a Hugging Face folder). Any
-    problem with the file is one ValueError before a weight is read.
+    computes in on a CPU); Q4_0 / Q8_0 / Q6_K / Q4_K projections load into Int4Linear / Int8Linear
+    (group 32; Q6_K: 16) / Int4MinLinear (the file's numbers, no float copy); other quantized types
+    are dequantized to ``dtype`` at load (logged). quantized=False dequantizes those too (a float
+    model, e.g. to write a Hugging Face folder). Any problem with the file is one ValueError before
+    a weight is read.
     """
     if not isinstance(quantized, bool):
         raise TypeError(f"quantized={quantized!r}: must be True or False")
@@ -160,9 +161,9 @@ def _squeezed(shape) -> tuple:
 
 
 def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts: set) -> dict[str, tuple[str, ...]]:
-    """Swap each projection stored as Q4_0 / Q8_0 (and renamed as is by the key map) for an
-    Int4Linear / Int8Linear over the file's numbers (weights.QUANTIZED_LINEARS). Returns HF name
-    -> the state keys of ours it filled."""
+    """Swap each projection stored in a type of weights.QUANTIZED_LINEARS (and renamed as is by
+    the key map) for the quantized module over the file's numbers. Returns HF name -> the state
+    keys of ours it filled."""
     done: dict[str, tuple[str, ...]] = {}
     for name, lin in targets(model, lm_head=True):
         weight = f"{name}.weight"
@@ -196,16 +197,19 @@ def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> Non
         )
     if quantized:
         kept = Counter(f.type_name(names[n]) for n, v in quantized.items() if v)
-        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0: Int8Linear, group 32): %s", f.path,
-                    dict(kept))  # fmt: skip
+        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0 / Q6_K: Int8Linear group 32 / 16, "
+                    "Q4_K: Int4MinLinear): %s", f.path, dict(kept))  # fmt: skip
 
 
 def _record_quantization(model: nn.Module) -> None:
-    """model.quantization when every projection (and the head, or none of it) is of one scheme
-    (int4 or int8, group 32): then tfm.save writes a checkpoint tfm.load rebuilds; a mix of
-    schemes or of quantized and float projections stays unrecorded."""
+    """model.quantization when every projection (and the head, or none of it) is of one scheme of
+    tfm.quantize's (int4 or int8) and one group size: then tfm.save writes a checkpoint tfm.load
+    rebuilds; a mix of schemes or groups (a Q4_0 file's Q6_K head: int8, group 16), Q4_K's
+    Int4MinLinear, or quantized and float projections mixed stay unrecorded."""
     head = isinstance(getattr(model, "lm_head", None), QuantLinear)
-    schemes = {type(m).scheme_type() for m in model.modules() if isinstance(m, QuantLinear)}
-    if len(schemes) == 1 and not targets(model, lm_head=head):  # targets lists the float projections left
-        scheme = next(name for name, cls in QUANT_LINEARS.items() if schemes == {cls})
-        model.quantization = Quantization(scheme, 32, head)
+    kinds = {(type(m).scheme_type(), m.group_size) for m in model.modules() if isinstance(m, QuantLinear)}
+    names = {cls: name for name, cls in QUANT_LINEARS.items()}
+    if len(kinds) == 1 and not targets(model, lm_head=head):  # targets lists the float projections left
+        cls, group = next(iter(kinds))
+        if cls in names:
+            model.quantization = Quantization(names[cls], group, head)

@@ -1,5 +1,6 @@
 """GGUF tensors -> torch: float types as they are, Q4_0 into ``Int4Linear`` (the same numbers and
-the same nibble order) and Q8_0 into ``Int8Linear`` with a scale per 32 inputs (the same numbers),
+the same nibble order), Q8_0 into ``Int8Linear`` with a scale per 32 inputs, Q6_K into
+``Int8Linear`` with a scale per 16 inputs and Q4_K into ``Int4MinLinear`` (each the same numbers),
 every other type dequantized at load by the ``gguf`` package.
 
 Q4_0 (llama.cpp ggml-quants): blocks of 32 inputs, an f16 scale d and 16 bytes; byte j holds input
@@ -8,6 +9,20 @@ with group 32 stores byte j of a group as input j (low) and j + G/2 (high), valu
 scale: the bytes are copied as they are and d widened to fp32, so its dequantized weight equals
 gguf's dequantization bit for bit. Q8_0 (blocks of 32 inputs: an f16 scale d and 32 int8 q,
 weight = d * q) is Int8Linear with group 32: q copied as it is, d widened to fp32.
+
+The K-quants (ggml-quants' super-blocks of 256 inputs) are read into the same modules, their
+numbers kept, so each module's dequantized weight equals gguf's bit for bit:
+- Q6_K (210 bytes: ql[128], qh[64], 16 int8 scales sc, an f16 d): weight = d * sc_j * q per 16
+  inputs, q = (4 low bits | 2 high bits << 4) - 32 in [-32, 31]. Symmetric: Int8Linear with group
+  16, q as it is, scale d * sc_j (exact in fp32: 11 + 8 significant bits).
+- Q4_K (144 bytes: f16 d and dmin, 12 bytes of 6-bit scales sc_j and minimums m_j, qs[128]):
+  weight = d * sc_j * u - dmin * m_j per 32 inputs, u in [0, 15]. Int4MinLinear with group 32:
+  u, scale d * sc_j and minimum dmin * m_j (both exact in fp32).
+Bit order, per super-block: Q4_K's qs byte 32c + i holds input 64c + i (low nibble) and 64c + 32 + i
+(high); Q6_K's ql byte 64h + i holds input 128h + i (low) and 128h + 64 + i (high), its qh byte
+32h + i bits 2j..2j+1 input 128h + 32j + i's high bits; the 12 scale bytes of Q4_K hold sc_0..3 and
+m_0..3 in the low 6 bits of bytes 0-3 and 4-7, sc_4..7 / m_4..7 in byte 8+j's low / high nibble,
+topped by the 2 spare bits of bytes j / 4 + j.
 """
 
 from __future__ import annotations
@@ -17,9 +32,12 @@ import torch
 from torch import Tensor
 
 from ...nn.quant import Int4Linear, Int8Linear
+from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
 
-Q4_0_GROUP = Q8_0_GROUP = 32
+Q4_0_GROUP = Q8_0_GROUP = Q4_K_GROUP = 32
+Q6_K_GROUP = 16
+QK_K = 256  # inputs per K-quant super-block
 
 
 def raw_rows(f: GGUFFile, name: str) -> Tensor:
@@ -64,5 +82,59 @@ def q8_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     return Int8Linear(qweight, scale, bias, Q8_0_GROUP)
 
 
+def super_blocks(rows: Tensor, shape: tuple[int, int], size: int) -> Tensor:
+    """A K-quant matrix's rows (N, K / 256 * size) uint8 -> (N, K / 256, size)."""
+    n, k = shape
+    return rows.reshape(n, k // QK_K, size)
+
+
+def f16(b: Tensor) -> Tensor:
+    """(..., 2) uint8 -> (..., 1) the f16 they hold, widened to fp32."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def nibble_halves(b: Tensor) -> Tensor:
+    """(..., L) bytes -> (..., 2L): the low nibbles, then the high ones."""
+    return torch.cat([b & 0xF, b >> 4], dim=-1)
+
+
+def q6_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
+    """Int8Linear (group 16) holding a Q6_K matrix's values; rows: (N, K / 256 * 210) uint8."""
+    n, k = shape
+    b = super_blocks(rows, shape, 210)  # (N, K/256, 210)
+    ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
+    sc, d = b[..., 192:208].contiguous().view(torch.int8), f16(b[..., 208:])  # (N, K/256, 16), (N, K/256, 1)
+    low = nibble_halves(ql)  # (N, K/256, 2, 128): input 128h + i's low 4 bits
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    high = ((qh >> shifts) & 3).reshape(n, -1, 2, 128)  # input 128h + 32j + i's top 2 bits
+    q = ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)  # (N, K) in [-32, 31]
+    scale = (d * sc.float()).reshape(n, k // Q6_K_GROUP)  # (N, K/16)
+    return Int8Linear(q, scale, bias, Q6_K_GROUP)
+
+
+def q4_k_scales(s: Tensor) -> tuple[Tensor, Tensor]:
+    """Q4_K's 12 scale bytes (..., 12) -> the 6-bit sc and m of its 8 sub-blocks (..., 8) each."""
+    lo, mid, top = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat([lo & 63, (top & 0xF) | ((lo >> 2) & 0x30)], dim=-1)
+    m = torch.cat([mid & 63, (top >> 4) | ((mid >> 2) & 0x30)], dim=-1)
+    return sc, m
+
+
+def q4_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int4MinLinear:
+    """Int4MinLinear (group 32) holding a Q4_K matrix's values; rows: (N, K / 256 * 144) uint8."""
+    n, k = shape
+    b = super_blocks(rows, shape, 144)  # (N, K/256, 144)
+    d, dmin = f16(b[..., 0:2]), f16(b[..., 2:4])  # (N, K/256, 1) each
+    sc, m = q4_k_scales(b[..., 4:16])  # (N, K/256, 8) each
+    u = nibble_halves(b[..., 16:].reshape(n, -1, 4, 32)).reshape(n, k)  # (N, K) in [0, 15]
+    scale, minimum = (d * sc.float()).reshape(n, -1), (dmin * m.float()).reshape(n, -1)  # (N, K/32) each
+    return Int4MinLinear.from_values(u.to(torch.int16) - 8, scale, minimum, bias, Q4_K_GROUP)
+
+
 # GGUF type -> (the loader of a projection stored in it, our scheme). Each keeps the file's numbers.
-QUANTIZED_LINEARS = {"Q4_0": (q4_0_linear, "int4"), "Q8_0": (q8_0_linear, "int8")}
+QUANTIZED_LINEARS = {
+    "Q4_0": (q4_0_linear, "int4"),
+    "Q8_0": (q8_0_linear, "int8"),
+    "Q6_K": (q6_k_linear, "int8"),
+    "Q4_K": (q4_k_linear, "int4"),
+}
