@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,42 +46,51 @@ def spawn(n: int, module: str, *args: str) -> tuple[subprocess.Popen, list[str]]
     return proc, lines
 
 
-def session_pids(sid: int) -> list[int]:
-    """The processes alive in session ``sid`` (Linux /proc): torchrun and every rank it started."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # gone meanwhile
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":  # field 6 of stat: the session id
-            pids.append(int(stat.parent.name))
-    return pids
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state, ppid, ...), None once the process is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields
 
 
-def rank_pid(sid: int, rank: int) -> int:
-    """The process of ``rank`` in torchrun session ``sid`` (its environment says RANK)."""
-    for pid in session_pids(sid):
+def family(pid: int) -> list[int]:
+    """``pid`` (torchrun) and its children (the ranks: each in a session of its own), while alive."""
+    children = [
+        int(p.parent.name)
+        for p in Path("/proc").glob("[0-9]*/stat")
+        if (_stat(int(p.parent.name)) or [0, 0])[1] == str(pid)
+    ]
+    return [p for p in [pid, *children] if _stat(p) is not None]
+
+
+def rank_pid(pid: int, rank: int) -> int:
+    """The process of ``rank`` among torchrun ``pid``'s children (its environment says RANK)."""
+    for child in family(pid)[1:]:
         try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
         if f"RANK={rank}".encode() in env:  # an exact entry (LOCAL_RANK=1 is another)
-            return pid
-    raise AssertionError(f"no process of rank {rank} in session {sid}")
+            return child
+    raise AssertionError(f"no process of rank {rank} under torchrun {pid}")
 
 
 def stop_session(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> float:
-    """Send ``sig`` to torchrun, wait until every process of its session has exited (SIGKILL to
+    """Send ``sig`` to torchrun, wait until it and every rank it started have exited (SIGKILL to
     all of them past ``timeout`` s, then fail); returns the seconds that took."""
-    began = time.monotonic()
+    began, pids = time.monotonic(), family(proc.pid)
     if proc.poll() is None:
         proc.send_signal(sig)
-    while session_pids(proc.pid) and time.monotonic() - began < timeout:
+    alive = lambda: [p for p in pids if _stat(p) is not None and (p != proc.pid or proc.poll() is None)]  # noqa: E731
+    while alive() and time.monotonic() - began < timeout:
         time.sleep(0.1)
-    left = session_pids(proc.pid)
-    if left:
-        os.killpg(proc.pid, signal.SIGKILL)
+    left = alive()
+    for p in left:
+        with contextlib.suppress(ProcessLookupError):  # it may have exited meanwhile
+            os.kill(p, signal.SIGKILL)
     proc.wait(timeout=10)
+    assert len(pids) > 1, f"torchrun {proc.pid} had no ranks when it was stopped"
     assert not left, f"processes {left} of torchrun were still alive {timeout} s after it was stopped"
     return time.monotonic() - began

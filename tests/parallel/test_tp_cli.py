@@ -1,19 +1,18 @@
 """Issue 31: ``torchrun --nproc_per_node 2 -m torchformer.cli.main generate MODEL --tp 2``: each
 rank reads its slice of model.safetensors; the greedy tokens printed (by rank 0 alone) are the
-single process's. ``--tp`` without torchrun, or with what it does not combine with, is refused."""
+single process's. ``--tp`` without torchrun (generate or serve), or with what it does not combine
+with, is refused."""
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torchformer as tfm
 from tests.decoding import assert_varied, varied_case
+from torchformer.cli.main import main
 
-from .launch import ROOT, torchrun
+from .launch import torchrun
 from .tp_worker import GRID, V, build
 
 pytestmark = pytest.mark.xdist_group("parallel")
@@ -34,14 +33,39 @@ def test_generate_tp_2_prints_the_single_process_tokens(tmp_path):
     assert proc.stdout.strip() == ",".join(map(str, want))  # printed once: rank 0 alone
 
 
-def test_tp_without_torchrun_is_refused():
-    cmd = [sys.executable, "-m", "torchformer.cli.main", "generate", "tiny-shakespeare", "--tp", "2", "--ids", "1,2"]
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
-    assert proc.returncode != 0
+def refusal(argv: list[str], capsys) -> str:
+    """The one-line error ``torchformer ARGV`` ends with (exit status 2), run in this process: the
+    checks come before any process group, model or server (a subprocess would only add its start-up)."""
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_tp_without_torchrun_is_refused(command, monkeypatch, capsys):
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    extra = ["--ids", "1,2"] if command == "generate" else []
     message = "--tp 2 needs 2 processes, one per shard: launch with torchrun --nproc_per_node 2 (this launch has "
     message += "WORLD_SIZE=1)"
-    assert message in proc.stderr, proc.stderr[-1500:]
+    assert message in refusal([command, "shakespeare-char", "--tp", "2", *extra], capsys)
+
+
+def test_what_serve_tp_cannot_serve_is_refused(tmp_path, monkeypatch, capsys):
+    tfm.save(build(GRID["gqa-swiglu-untied-bias"], 0), tmp_path / "decoder")
+    tfm.save(build(GRID["encoder"], 0), tmp_path / "encoder")
+    decoder = str(tmp_path / "decoder")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cases = [
+        ([decoder, "--compile"], "--tp 2 with --compile: not supported yet"),
+        ([decoder, "--quantize", "int8"], "--tp 2 with --quantize: not supported yet"),
+        (["shakespeare-char"], "--tp 2: MODEL is a preset model; tensor parallelism loads a torchformer folder"),
+        ([str(tmp_path / "encoder")], "--tp 2: serve splits decoder-only models (generation), not 'encoder'"),
+    ]
+    for args, message in cases:
+        assert message in refusal(["serve", *args, "--tp", "2"], capsys), args
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    message = "tp=3 does not divide attention.n_heads=4 (heads=4, kv heads=2)"
+    assert message in refusal(["serve", decoder, "--tp", "3"], capsys)
 
 
 def test_what_tp_does_not_combine_with_is_refused(monkeypatch):

@@ -13,8 +13,9 @@ Lifetime. When idle, rank 0 announces a tick every TICK seconds, so a follower's
 reaches the process group's timeout; when the engine ends (shutdown, or death) it announces
 "stop" and the followers return, so stopping the server stops every rank. A rank that dies or
 hangs breaks the next collective (gloo: the connection closes; a hung rank: the group's
-timeout): a step under TP that fails is ``RankLost``, which no request handler catches (after it
-the ranks' caches need not agree), so the engine dies and the server exits with the error.
+timeout). A step under TP that fails fails its requests (a 500, as on one process), and at the
+next turn of the loop the engine dies of ``RankLost``, which no request handler catches: after a
+failed step the ranks' caches need not agree. The server then exits with the error.
 """
 
 from __future__ import annotations
@@ -42,25 +43,32 @@ class Leader(Engine):
     def __init__(self, session: TPSession, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.session, self.said = session, time.monotonic()
+        self.lost: RankLost | None = None  # a step failed: the engine dies at its next turn
 
     def announce(self, header: tuple, tensor: torch.Tensor | None = None) -> None:
         self.session.announce(header, tensor)
         self.said = time.monotonic()
 
     def mirrored(self, header: tuple, tensor: torch.Tensor | None, run):
-        """Announce a step, then run it here; a failure of either is RankLost."""
+        """Announce a step, then run it here. A failure of either fails the step's requests (the
+        scheduler catches it) and the engine at its next turn (``drop``); no step runs after it."""
+        if self.lost is not None:
+            raise RuntimeError(str(self.lost))
         try:
             self.announce(header, tensor)
             return run()
         except Exception as err:
-            raise RankLost(f"a tensor-parallel step ({header[0]}) failed on rank 0: {err}") from err
+            what = f"the tensor-parallel {header[0]} step failed (did another rank die or hang?): {err}"
+            self.lost = RankLost(what)
+            raise RuntimeError(what) from err
 
     def run(self) -> None:
         try:
             super().run()
-        finally:  # the followers return (or, when a rank is gone, this fails and they see it die)
-            with contextlib.suppress(Exception):
-                self.announce(("stop",))
+        finally:  # the followers return; after a failed step, they see rank 0 exit instead
+            if self.lost is None:
+                with contextlib.suppress(Exception):
+                    self.announce(("stop",))
 
     def loop(self) -> None:
         # Called once loaded, the cache allocated (engine.py run): the followers allocate theirs.
@@ -76,6 +84,8 @@ class Leader(Engine):
         super().loop()
 
     def drop(self) -> None:  # once per turn of the engine loop, busy or idle
+        if self.lost is not None:
+            raise self.lost
         if time.monotonic() - self.said > TICK:
             self.mirrored(("tick",), None, lambda: None)
         super().drop()
