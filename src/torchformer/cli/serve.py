@@ -181,7 +181,7 @@ def max_model_len(args: argparse.Namespace, dtype: torch.dtype | None) -> ModelL
             f"{args.model}: the model did not load: serve needs a decoder-only model (generation) or an "
             f"encoder (embeddings), not {cfg.arch!r}"
         )
-    weights = count_params(cfg) * dtype_bytes(dtype) // args.tp  # --tp N: each rank holds ~1/N of them
+    weights = count_params(cfg) * dtype_bytes(dtype)  # --tp on one host: the ranks hold all of them
     return choose(cfg, args.slots, dtype, requested=args.max_model_len, free=free_memory(2 * weights))
 
 
