@@ -5,9 +5,11 @@ test instead of hanging it."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
@@ -34,35 +36,79 @@ def serve(args: list[str], env: dict | None = None, timeout: float = 90) -> subp
     )
 
 
-@pytest.mark.parametrize(
-    ("args", "named"),
-    [
-        (["--port", "99999"], ["--port", "99999", "65535"]),
-        (["--port", "-1"], ["--port", "-1"]),
-        (["--max-body-bytes", "-1"], ["--max-body-bytes", "-1", ">= 1"]),
-        (["--max-queue", "-1"], ["--max-queue", "-1", ">= 0"]),
-        (["--slots", "0"], ["--slots", "0", ">= 1"]),
-        (["--request-timeout", "0"], ["--request-timeout", "0"]),
-        (["--shutdown-timeout", "-2"], ["--shutdown-timeout", "-2"]),
-        (["--api-key", ""], ["--api-key", "empty"]),
-        (["--api-key", "two words"], ["--api-key", "space"]),
-        (["--max-model-len", "0"], ["--max-model-len", "'0'", ">= 1"]),
-        (["--max-model-len", "513"], ["--max-model-len 513", "[1, 512]", "max_seq_len"]),  # llama-tiny: 512
-        (["--dtype", "bf16"], ["--dtype", "'bf16'", "bfloat16", "float32"]),
-    ],
+BAD_ARGUMENTS = [
+    (["--port", "99999"], ["--port", "99999", "65535"]),
+    (["--port", "-1"], ["--port", "-1"]),
+    (["--max-body-bytes", "-1"], ["--max-body-bytes", "-1", ">= 1"]),
+    (["--max-queue", "-1"], ["--max-queue", "-1", ">= 0"]),
+    (["--slots", "0"], ["--slots", "0", ">= 1"]),
+    (["--request-timeout", "0"], ["--request-timeout", "0"]),
+    (["--shutdown-timeout", "-2"], ["--shutdown-timeout", "-2"]),
+    (["--api-key", ""], ["--api-key", "empty"]),
+    (["--api-key", "two words"], ["--api-key", "space"]),
+    (["--max-model-len", "0"], ["--max-model-len", "'0'", ">= 1"]),
+    (["--max-model-len", "513"], ["--max-model-len 513", "[1, 512]", "max_seq_len"]),  # llama-tiny: 512
+    (["--dtype", "bf16"], ["--dtype", "'bf16'", "bfloat16", "float32"]),
+]
+# One child process runs `main(["serve", ...])` for every refused command line (issue 33: a child
+# per line cost ~4 s of imports each). A line that were not refused would start the engine: here
+# that raises, and the line's result is a traceback and no exit status 2.
+REFUSALS = textwrap.dedent(
+    """
+    import contextlib, io, json, os, sys, traceback
+    from torchformer.cli.main import main
+    from torchformer.serve import engine
+
+    def started(self):
+        raise RuntimeError("the server started")
+    engine.Engine.start = started
+    results = []
+    for argv, key in json.loads(sys.argv[1]):
+        os.environ.pop("TORCHFORMER_API_KEY", None)
+        if key is not None:
+            os.environ["TORCHFORMER_API_KEY"] = key
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exit:
+                code = exit.code
+            except BaseException:
+                code = None
+                traceback.print_exc()
+        results.append([code, err.getvalue()])
+    print(json.dumps(results))
+    """
 )
-def test_bad_arguments_are_one_line_errors(args, named):
-    result = serve(["llama-tiny", "--port", "0", *args], timeout=60)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    last = result.stderr.strip().splitlines()[-1]
-    assert all(word in last for word in named), result.stderr
 
 
-def test_an_empty_api_key_in_the_environment_is_refused():
-    result = serve(["llama-tiny", "--port", "0"], env={"TORCHFORMER_API_KEY": ""}, timeout=60)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "TORCHFORMER_API_KEY" in result.stderr.strip().splitlines()[-1], result.stderr
+@pytest.fixture(scope="module")
+def refused() -> list[tuple[int | None, str]]:
+    """(exit status, stderr) of each BAD_ARGUMENTS line, then of a line with an empty
+    $TORCHFORMER_API_KEY, all in one child process."""
+    lines = [[["serve", "llama-tiny", "--port", "0", *args], None] for args, _ in BAD_ARGUMENTS]
+    lines.append([["serve", "llama-tiny", "--port", "0"], ""])
+    env = {**{k: v for k, v in os.environ.items() if k != "TORCHFORMER_API_KEY"}, "OMP_NUM_THREADS": "1",
+           "TORCHFORMER_NATIVE": "0"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", REFUSALS, json.dumps(lines)], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [tuple(result) for result in json.loads(done.stdout.strip().splitlines()[-1])]
+
+
+@pytest.mark.parametrize(("i", "args", "named"), [(i, *row) for i, row in enumerate(BAD_ARGUMENTS)])
+def test_bad_arguments_are_one_line_errors(refused, i, args, named):
+    returncode, stderr = refused[i]
+    assert returncode == 2, stderr
+    assert "Traceback" not in stderr
+    last = stderr.strip().splitlines()[-1]
+    assert all(word in last for word in named), stderr
+
+
+def test_an_empty_api_key_in_the_environment_is_refused(refused):
+    returncode, stderr = refused[-1]
+    assert returncode == 2 and "Traceback" not in stderr
+    assert "TORCHFORMER_API_KEY" in stderr.strip().splitlines()[-1], stderr
 
 
 @pytest.fixture(scope="module")
