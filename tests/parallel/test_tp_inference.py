@@ -1,10 +1,8 @@
 """Issue 31: tensor parallelism at inference. Two ranks (gloo, CPU) give the single-process
 model's logits within 1e-5 over the decoder grid (MHA, GQA; SwiGLU, GELU; tied and untied heads;
 biases; learned positions), an encoder and an encoder-decoder, the same cached greedy tokens, and
-each rank holds half of the split weights. One torchrun launch measures everything (tp_worker.py);
-the bad inputs are refused in-process, before any work."""
-
-import json
+each rank holds half of the split weights. The one torchrun launch of conftest.py measures
+everything (tp_worker.py); the bad inputs are refused in-process, before any work."""
 
 import pytest
 
@@ -12,18 +10,14 @@ import torchformer as tfm
 from tests.decoding import assert_varied
 from torchformer.parallel import check_tp, tp_plan
 
-from .launch import torchrun
 from .tp_worker import GRID, decoder
 
 pytestmark = pytest.mark.xdist_group("parallel")
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tp") / "rows.json"
-    proc = torchrun(2, "tests.parallel.tp_worker", str(out))
-    assert proc.returncode == 0, "\n".join(line for line in proc.stderr.splitlines() if "rank0]" in line)[-4000:]
-    return json.loads(out.read_text())
+def measured(launched):
+    return launched["ranks"][0]
 
 
 @pytest.mark.parametrize("name", list(GRID))

@@ -138,8 +138,10 @@ def test_serve_tp_2_answers_what_one_process_answers(case):
         for i, (g, w) in enumerate(zip(got, want)):
             same({k: v for k, v in g.items() if k != "usage"}, {k: v for k, v in w.items() if k != "usage"},
                  f"request {i}")  # fmt: skip
-        # Then a prompt whose first 24 tokens a free row holds: only the rest is prefilled.
-        again = {**requests[1], "prompt": requests[1]["prompt"] + want[1][0]["ids"][:4], "max_tokens": 8}
+        # Then one request, and a prompt that continues it: its row holds the first 24 tokens, only
+        # the rest is prefilled (prefix caching: a prefill at an offset).
+        (w,), (g,) = both(running.url, url, [requests[1]])
+        again = {**requests[1], "prompt": requests[1]["prompt"] + w[0]["ids"][:4], "max_tokens": 8}
         (w,), (g,) = both(running.url, url, [again])
         assert g["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16, g["usage"]
         same(g, w, "the prompt with a cached prefix")

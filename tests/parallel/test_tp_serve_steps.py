@@ -61,8 +61,10 @@ def test_every_cache_write_is_announced(case):  # noqa: F811
     running = Running(create_app(engine, "m", None))
     try:
         requests = bodies(prompt)
-        first = together(running.url, requests)
-        ask(running.url, {**requests[1], "prompt": requests[1]["prompt"] + first[1][0]["ids"][:4]})
+        together(running.url, requests)
+        first = ask(running.url, requests[1])
+        again = ask(running.url, {**requests[1], "prompt": requests[1]["prompt"] + first[0]["ids"][:4]})
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16  # a prefill at an offset
     finally:
         running.stop()
         engine.stop()

@@ -2,8 +2,6 @@
 process's parameters within 1e-5 (the same global batch; the loss summed over vocabulary-sharded
 logits, never gathered). FSDP(2) x TP(2) against one process is in test_dcp.py."""
 
-import json
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,35 +9,23 @@ from safetensors.torch import load_file
 from torchformer.training.train import train
 
 from ..training.tiny import tiny_recipe, words_text
-from .launch import torchrun
+from .cases import train_recipe
 
 pytestmark = pytest.mark.xdist_group("parallel")
-
-STEPS = {"steps": 2, "batch_size": 8, "eval_every": 2, "eval_batches": 1}
-
-
-def recipe(tmp_path, name, **dist):
-    corpus = tmp_path / "corpus.txt"
-    if not corpus.exists():
-        corpus.write_text(words_text(400))
-    return tiny_recipe(tmp_path / name, corpus, train=STEPS, dist=dist)
 
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("single")
-    return {k: v.detach() for k, v in train(recipe(tmp, "single")).model.state_dict().items()}
+    return {k: v.detach() for k, v in train(train_recipe(tmp, "single")).model.state_dict().items()}
 
 
 # FSDP(2) x TP(2) (4 processes) against one process: test_dcp.py (its run saves sharded checkpoints).
-@pytest.mark.parametrize(("strategy", "tp", "n"), [("tp", 2, 2)])
-def test_a_tensor_parallel_step_equals_the_single_process_step(tmp_path, single, strategy, tp, n):
-    run = recipe(tmp_path, "run", strategy=strategy, tp=tp)
-    (tmp_path / "recipe.json").write_text(json.dumps(run.to_dict()))
-    proc = torchrun(n, "torchformer.cli.main", "train", "--recipe", str(tmp_path / "recipe.json"), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("done: step 2") == 1  # rank 0 alone reports
-    saved = load_file(str(tmp_path / "run" / "model.safetensors"))
+def test_a_tensor_parallel_step_equals_the_single_process_step(launched, single):
+    ranks = [r["train"] for r in launched["ranks"]]  # dist.strategy tp, dist.tp 2: run by conftest.py's launch
+    assert [r["status"] for r in ranks] == [0, 0]
+    assert [r["stdout"].count("done: step 2") for r in ranks] == [1, 0]  # rank 0 alone reports
+    saved = load_file(str(launched["tmp"] / "run" / "model.safetensors"))
     assert saved.keys() == {k for k in single if k in saved} and len(saved) > 10
     # Two AdamW steps at lr 3e-3 move every weight by ~1e-3, so an untrained or half-trained copy fails.
     for name, tensor in saved.items():

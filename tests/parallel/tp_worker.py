@@ -1,11 +1,19 @@
-"""Each rank of ``torchrun --nproc_per_node 2 -m tests.parallel.tp_worker OUT`` builds every model of
-the grid twice from one seed, splits one copy with parallel.parallelize, and measures what the test
-(test_tp_inference.py) asserts: the largest logit difference, greedy tokens of both copies, the
-bytes this rank holds. Rank 0 writes them to OUT as JSON; the assertions live in the test."""
+"""One torchrun launch for most of tests/parallel (each launch costs every rank its start-up: Python,
+torch, the process group). ``torchrun --nproc_per_node 2 -m tests.parallel.tp_worker OUT
+[--generate MODEL IDS] [--train RECIPE]``: each rank builds every model of the grid twice from one
+seed, splits one copy with parallel.parallelize, and measures what test_tp_inference.py asserts
+(the largest logit difference, greedy tokens of both copies, the bytes this rank holds); then it
+runs ``torchformer generate MODEL --tp 2 --ids IDS`` and last ``torchformer train --recipe RECIPE``
+(which ends the process group) in this process, as torchrun would start them, recording what
+each printed. Rank r writes OUT.r as JSON; the assertions live in the tests (conftest.py's
+``launched`` fixture reads the files)."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import dataclasses
+import io
 import json
 import sys
 
@@ -109,17 +117,38 @@ def sharded_loss(mesh) -> dict:
             "grad_diff": diff}  # fmt: skip
 
 
-def main(out: str) -> None:
+def command(argv: list[str]) -> dict:
+    """``torchformer ARGV`` in this process: its exit status and what it printed on stdout."""
+    from torchformer.cli.main import main as cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = cli(argv)
+    return {"status": status, "stdout": out.getvalue()}
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--generate", nargs=2, metavar=("MODEL", "IDS"))
+    parser.add_argument("--train", metavar="RECIPE")
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    rank = dist.get_rank()
     mesh = tp_mesh("cpu", dist.get_world_size())
     rows = {name: measure(name, cfg, mesh) for name, cfg in GRID.items()}
     rows["sharded-loss"] = sharded_loss(mesh)
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(rows, f)
-    dist.destroy_process_group()
+    if args.generate:  # greedy: no eos in the model, 16 tokens
+        model, ids = args.generate
+        rows["generate"] = command(["generate", model, "--tp", "2", "--ids", ids, "--max-new-tokens", "16"])
+    if args.train:  # last: the run ends the process group
+        rows["train"] = command(["train", "--recipe", args.train])
+    with open(f"{args.out}.{rank}", "w") as f:
+        json.dump(rows, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
