@@ -1,7 +1,13 @@
 import os
 
-import pytest
-import torch
+# Idle OpenMP threads sleep instead of spinning (libgomp reads this when torch loads; children
+# inherit it). It changes no thread count or work split, so runs stay as deterministic as before;
+# under the suite's load (two workers, children at 2 threads) spinning threads starve the threads
+# they wait for: an encoder-decoder training child took 29-40 s of CPU spinning, 8-9 s passive.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # One thread by default: the test models are tiny, and on a busy 2-core machine two OpenMP threads
 # spin-wait on each other (measured: the causality tests took 82 s with 2 threads, 3.5 s with 1).
