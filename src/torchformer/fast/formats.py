@@ -68,6 +68,7 @@ class PanelLinear(QuantLinear):
     Each twin also subclasses its portable class: it is that scheme's module, in another layout."""
 
     cpu_product_dtypes = ()  # the panels' product is forward's own (the portable one reads qweight)
+    half_scales = True  # whether the kernel takes f16 scales (compact_scales)
 
     def __init__(self, source: QuantLinear) -> None:
         self.empty(source.out_features, source.in_features, getattr(source, "group_size", None), None)
@@ -99,6 +100,7 @@ class PanelLinear(QuantLinear):
             return cls.quantize_rows(rows, group_size)
 
         quantize_by_blocks(w, quantize_rows, twin.write, multiple=LANES, on_block=on_block)
+        twin.compact_scales()
         return twin
 
     def allocate(self, group_size: int | None) -> None:  # pragma: no cover - abstract
@@ -144,8 +146,21 @@ class PanelLinear(QuantLinear):
     def fill(self, source: QuantLinear) -> None:
         """Every row and the bias from ``source`` (allocated already), block by block."""
         self._init_bias(source.bias)
+        self.scale = self.scale.float()  # written in fp32, then compacted again
         for rows in row_blocks(self.out_features, self.in_features, LANES):
             self.write(rows, *source.values(rows))
+        self.compact_scales()
+
+    def compact_scales(self) -> None:
+        """Keep the scales in f16 where f16 holds every one exactly (GGUF's Q8_0 / Q4_0 / Q5_0 block
+        scales: an f16 d each): the kernel widens them as it reads (csrc/quantized.cpp), so a group
+        of 32 int8 weights reads 34 bytes instead of 36, of 32 int4 weights 18 instead of 20. Scales
+        of our own quantization are fp32 values and stay fp32."""
+        if not self.half_scales:
+            return
+        half = self.scale.half()
+        if torch.equal(half.float(), self.scale):
+            self.scale = half
 
 
 class Int8Panels(PanelLinear, Int8Linear):
@@ -172,7 +187,7 @@ class Int8Panels(PanelLinear, Int8Linear):
     def portable(self) -> Int8Linear:
         N = self.out_features
         q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
-        scale = from_panels(self.scale, N)  # (N, K/G)
+        scale = from_panels(self.scale, N).float()  # (N, K/G)
         scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
         return Int8Linear(q, scale, self.bias, self.group_size)
 
@@ -201,7 +216,7 @@ class Int4Panels(PanelLinear, Int4Linear):
         N = self.out_features
         b = from_panels(self.panels, N)  # (N, K/8, 4)
         q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=2).reshape(N, -1)
-        return Int4Linear.from_values(q, from_panels(self.scale, N).contiguous(), self.bias, self.group_size)
+        return Int4Linear.from_values(q, from_panels(self.scale, N).float().contiguous(), self.bias, self.group_size)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", group_size={self.group_size}"
@@ -211,6 +226,8 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
     """``Int4MinLinear`` as Int4Panels' panels (the nibbles u, the kernel taking them without an
     offset) and scales, plus its minimums as (P, K / G, 16): ``int4_min_mm`` subtracts each group's
     minimum times the group's sum of x (nn/quant_min.py)."""
+
+    half_scales = False  # int4_min_mm takes fp32 scales only
 
     def allocate(self, group_size: int | None) -> None:
         super().allocate(group_size)

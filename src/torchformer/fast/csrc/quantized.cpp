@@ -26,6 +26,11 @@
 // x's sum, which the quantization of x computes anyway. A format flag (Int4Min::MIN) compiles that
 // in; the symmetric kernels are unchanged.
 //
+// Scales come as fp32 or as f16, which fast/formats.py keeps where f16 holds every scale exactly
+// (GGUF's Q8_0 / Q4_0 / Q5_0 block scales are f16): int8 group 32 then reads 1 + 2/32 bytes a
+// weight instead of 1 + 4/32, int4 group 32 0.5 + 2/32 instead of 0.5 + 4/32; one widening
+// instruction per 16 scales.
+//
 // Numerics: the weights are exactly the reference module's q and scales; the activations are
 // rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
 // llama.cpp. Integer sums are exact; each block's sum is scaled in fp32.
@@ -112,7 +117,7 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
 
 struct Weights {
   const uint8_t* panels;  // P panels of K / KL lines
-  const float* scale;     // (P, K / G, 16)
+  const void* scale;      // (P, K / G, 16) fp32, or f16 (the kernels' S)
   const float* minimum;   // (P, K / G, 16): what a group subtracts per unit of x (formats with MIN only)
   int64_t K, G;           // G: inputs per weight scale (K for one scale per row)
 };
@@ -143,8 +148,11 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const int64_t P = (N + LANES - 1) / LANES;
   TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * (K / F::KL) * LINE, name,
               ": the panels do not match N and K");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.numel() == P * (K / G) * LANES,
-              name, ": scale must be fp32 (P, K / group, 16)");
+  const bool half = scale.scalar_type() == at::kHalf;
+  TORCH_CHECK((half || scale.scalar_type() == at::kFloat) && scale.is_contiguous() &&
+                  scale.numel() == P * (K / G) * LANES,
+              name, ": scale must be fp32 or f16 (P, K / group, 16)");
+  TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
   TORCH_CHECK(!F::MIN || (minimum.scalar_type() == at::kFloat && minimum.is_contiguous() &&
                           minimum.numel() == P * (K / G) * LANES),
               name, ": minimum must be fp32 (P, K / group, 16)");
@@ -160,26 +168,39 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
     quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
                  bias.data_ptr<int32_t>() + r * (K / B), sp ? sp + r * (K / B) : nullptr);
   auto out = torch::empty({R, N}, x.options());
-  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr<float>(),
+  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(),
                    F::MIN ? minimum.data_ptr<float>() : nullptr, K, G};
   const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, K, B};
-  if (vnni())
-    with_vnni::run<FV, true>(wt, a, R, N, out.data_ptr<float>());
-  else
-    plain::run<F, false>(wt, a, R, N, out.data_ptr<float>());
+  float* o = out.data_ptr<float>();
+  if constexpr (F::MIN) {  // fp32 scales only (checked above): one copy fewer to compile
+    if (vnni())
+      with_vnni::run<FV, true, float>(wt, a, R, N, o);
+    else
+      plain::run<F, false, float>(wt, a, R, N, o);
+  } else if (half) {
+    if (vnni())
+      with_vnni::run<FV, true, uint16_t>(wt, a, R, N, o);
+    else
+      plain::run<F, false, uint16_t>(wt, a, R, N, o);
+  } else {
+    if (vnni())
+      with_vnni::run<FV, true, float>(wt, a, R, N, o);
+    else
+      plain::run<F, false, float>(wt, a, R, N, o);
+  }
   return out;
 }
 
 }  // namespace
 
-// x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 -> (R, N) fp32.
+// x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16 -> (R, N) fp32.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int8_mm: panels must be uint8 (q + 128)");
   return product<plain::Int8, with_vnni::Int8>(x, wp, scale, torch::Tensor(), N, group, "int8_mm");
 }
 
-// x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale (P, K / group, 16).
+// x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale (P, K / group, 16) fp32 or f16.
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_mm: panels must be uint8");

@@ -1,5 +1,5 @@
 """GGUF tensors -> torch: float types as they are, Q4_0 into ``Int4Linear`` (the same numbers and
-the same nibble order), Q8_0 into ``Int8Linear`` with a scale per 32 inputs, Q6_K into
+the same nibble order), Q8_0 and Q5_0 into ``Int8Linear`` with a scale per 32 inputs, Q6_K into
 ``Int8Linear`` with a scale per 16 inputs and Q4_K into ``Int4MinLinear`` (each the same numbers),
 every other type dequantized at load by the ``gguf`` package.
 
@@ -8,7 +8,10 @@ j (low nibble) and input j + 16 (high nibble), weight = d * (nibble - 8). nn/qua
 with group 32 stores byte j of a group as input j (low) and j + G/2 (high), value + 8, times an fp32
 scale: the bytes are copied as they are and d widened to fp32, so its dequantized weight equals
 gguf's dequantization bit for bit. Q8_0 (blocks of 32 inputs: an f16 scale d and 32 int8 q,
-weight = d * q) is Int8Linear with group 32: q copied as it is, d widened to fp32.
+weight = d * q) is Int8Linear with group 32: q copied as it is, d widened to fp32. So is Q5_0
+(blocks of 32: an f16 d, 4 bytes qh whose bit j is input j's fifth bit, 16 bytes as Q4_0's;
+weight = d * (q - 16), q - 16 in [-16, 15]): llama.cpp's quantizer writes it where a K-quant does
+not fit a width (a Q4_K_M file's 1408-wide ffn_down).
 
 The K-quants (ggml-quants' super-blocks of 256 inputs) are read into the same modules, their
 numbers kept, so each module's dequantized weight equals gguf's bit for bit:
@@ -82,6 +85,17 @@ def q8_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     return Int8Linear(qweight, scale, bias, Q8_0_GROUP)
 
 
+def q5_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
+    """Int8Linear (group 32) holding a Q5_0 matrix's values; rows: (N, K / 32 * 22) uint8."""
+    n, k = shape
+    scale, payload = blocks(rows, shape, 20)  # (N, K/32), (N, K/32, 20): qh (4 bytes), then 16 as Q4_0's
+    qh = payload[..., :4].contiguous().view(torch.int32)  # (N, K/32, 1): bit j = input j's fifth bit
+    fifth = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # (N, K/32, 32)
+    low = nibble_halves(payload[..., 4:]).to(torch.int32)  # (N, K/32, 32): inputs 0-15 low, 16-31 high
+    q = ((low | (fifth << 4)) - 16).to(torch.int8).reshape(n, k)  # (N, K) in [-16, 15]
+    return Int8Linear(q, scale, bias, Q8_0_GROUP)
+
+
 def super_blocks(rows: Tensor, shape: tuple[int, int], size: int) -> Tensor:
     """A K-quant matrix's rows (N, K / 256 * size) uint8 -> (N, K / 256, size)."""
     n, k = shape
@@ -135,6 +149,7 @@ def q4_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
 QUANTIZED_LINEARS = {
     "Q4_0": (q4_0_linear, "int4"),
     "Q8_0": (q8_0_linear, "int8"),
+    "Q5_0": (q5_0_linear, "int8"),
     "Q6_K": (q6_k_linear, "int8"),
     "Q4_K": (q4_k_linear, "int4"),
 }
