@@ -593,6 +593,11 @@ def worker_specs(shape: str, fmt: str, args, cache: Path, skipped: dict) -> list
         for kind in kinds:
             spec = {**base, "system": "llama.cpp", "gguf": str(gguf_file(shape, kind, cache)), "context": context}
             out.append((f"llama.cpp {kind}", spec))
+        mode = "compiled" if "compiled" in args.modes else args.modes[0]
+        for kind in kinds if scheme is not None else ():  # issue 29: torchformer on llama.cpp's very file
+            spec = {**base, "system": "torchformer", "folder": str(gguf_file(shape, kind, cache)), "scheme": None,
+                    "mode": mode, "group_size": args.group_size}  # fmt: skip
+            out.append((f"torchformer {kind}-file {mode}", spec))
     if "ctranslate2" in args.engines and not skipped.get("ctranslate2") and ct2_type:
         spec = {**base, "system": "ctranslate2", "ct2": str(ct2_folder(shape, ct2_type, cache)), "folder": folder,
                 "compute": ct2_type}  # fmt: skip
@@ -666,7 +671,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
     for b in args.batches:
         for r in rows:
             c = cells(r, b)
-            peer = next((p for p in rows if p["format"] == r["format"] and p["engine"] == "llama.cpp"), None)
+            peer = next((p for p in rows if p["format"] == r["format"] and p["engine"] == "llama.cpp"
+                         and (p["system"].split()[1] == file_kind(r) or not file_kind(r))), None)  # fmt: skip
             pc = cells(peer, b) if peer and r["engine"] != "llama.cpp" else None
             gbs = r["bytes"] * c["tok_s"] / b / 1e9 if c["tok_s"] else float("nan")
             long_cells = "".join(f"{c.get(f'prefill_{p}_ms', 0):.0f} | " if b == 1 else "- | " for p in long)
@@ -679,6 +685,24 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
                 f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {gbs / bound:.0%} | {c['rss_mb']:.0f} | {r['warmup_s']:.0f} |"
             )
     return "\n".join(lines)
+
+
+def file_kind(row: dict) -> str:
+    """The GGUF type of a row of torchformer running llama.cpp's file ("Q4_K_M"), else ""."""
+    word = row["system"].split()[1]
+    return word.removesuffix("-file") if row["engine"] == "torchformer" and word.endswith("-file") else ""
+
+
+def file_notes(rows: list[dict], batches: list[int]) -> list[str]:
+    """Issue 29's speed row: decode tok/s of torchformer on each GGUF file over its own format's."""
+    notes = []
+    for r in rows:
+        own = next((o for o in rows if o["format"] == r["format"] and o["engine"] == "torchformer"
+                    and not file_kind(o) and o["system"].endswith(r["system"].split()[-1])), None)  # fmt: skip
+        if file_kind(r) and own is not None:
+            per = ", ".join(f"batch {b}: {ratio(cells(r, b)['tok_s'], cells(own, b)['tok_s'])}" for b in batches)
+            notes.append(f"{r['system']}: decode tok/s {per} {own['system']}'s")
+    return notes
 
 
 def agreement_notes(rows: list[dict]) -> list[str]:
@@ -963,15 +987,15 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         f"{args.new_tokens} new tokens after a {args.prompts[0]}-token random prompt",
         f"streaming bound (benchmarks.decode.streaming_bound over {n_bytes / 1e6:.0f} MB, same run): {bound:.1f} GB/s; "
         "GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens)",
-        "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0); prefill ratios are "
-        "speeds (llama.cpp ms / ours)",
+        "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
+        "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
     ]
     by_note: dict[str, list[str]] = {}
     for r in rows:
         if r.get("note"):
             by_note.setdefault(r["note"], []).append(r["system"])
     notes += [f"{', '.join(systems)}: {note}" for note, systems in by_note.items()]
-    notes += agreement_notes(rows)
+    notes += file_notes(rows, args.batches) + agreement_notes(rows)
     return title + "\n\n" + engine_table(rows, bound, args) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

@@ -1,5 +1,6 @@
 """CPU time of one decode step at one thread: torchformer against llama.cpp, format for format
-(issue 25), on the engines benchmark's models (benchmarks/engines.py builds and caches them).
+(issue 25), and torchformer on llama.cpp's very GGUF files against its own format (issue 29), on
+the engines benchmark's models (benchmarks/engines.py builds and caches them).
 
 Wall-clock tokens/s on a shared 2-core machine measure the neighbours as much as the engine; the
 CPU time a single-threaded process spends per step moves far less with them (it still pays for a
@@ -9,6 +10,7 @@ cancels out. Each (system, format) runs in a process of its own (a compiled step
 once, the inductor cache shared), the systems interleaved per round, best of the rounds.
 
     python -m benchmarks.step_cpu --shape toy --rounds 3
+    python -m benchmarks.step_cpu --shape toy --formats int8,int4 --rounds 5 --no-llama   # issue 29's rows
 """
 
 from __future__ import annotations
@@ -25,25 +27,33 @@ RESULT = "STEP-CPU "
 LONG, SHORT = 48, 16  # new tokens; per step = the difference over LONG - SHORT steps
 
 
-def systems(shape: str, formats: list[str]) -> tuple[list[tuple[str, str, dict]], list[tuple[str, str]]]:
-    """(label, runner, spec) per system and format, and the (ours, llama.cpp's) label pairs to
-    compare. Each quantized format also runs torchformer on llama.cpp's very file (issue 29:
-    Q8_0 / Q4_0 projections load into our int8 / int4 modules, group 32)."""
+def systems(
+    shape: str, formats: list[str], llama: bool = True
+) -> tuple[list[tuple[str, str, dict]], list[tuple[str, str]]]:
+    """(label, runner, spec) per system and format, and the label pairs to compare (the first's
+    time over the second's). Each quantized format also runs torchformer on llama.cpp's very
+    files (issue 29: Q8_0, Q4_0 and Q4_K_M load into our int8 / int4 modules), compared with our
+    own format and with llama.cpp on the same file. llama=False: torchformer's rows only (the
+    files are still made by llama.cpp's converter and quantizer)."""
     cache, out, pairs = engines.CACHE, [], []
     folder = engines.hf_folder(shape, cache)
     for fmt in formats:
         scheme, kinds, _ = engines.FORMATS[fmt]
         spec = {"threads": 1, "folder": str(folder), "scheme": scheme, "group_size": 64, "mode": "compiled"}
-        gguf = engines.gguf_file(shape, kinds[0], cache)
-        theirs = f"llama.cpp {kinds[0]}"
-        out.append((f"torchformer {fmt} compiled", "torchformer", spec))
-        out.append((theirs, "llama.cpp", {"gguf": str(gguf), "threads": 1, "batches": [1], "context": 256,
-                                          "prompts": [64]}))  # fmt: skip
-        pairs.append((out[-2][0], theirs))
-        if scheme is not None:  # the same GGUF file, read by torchformer
-            out.append((f"torchformer {kinds[0]}-file compiled", "torchformer", {**spec, "folder": str(gguf),
-                                                                                 "scheme": None}))  # fmt: skip
-            pairs.append((out[-1][0], theirs))
+        own = f"torchformer {fmt} compiled"
+        out.append((own, "torchformer", spec))
+        for i, kind in enumerate(kinds if scheme is not None else kinds[:1]):
+            gguf = engines.gguf_file(shape, kind, cache)
+            theirs = f"llama.cpp {kind}"
+            if llama:
+                out.append((theirs, "llama.cpp", {"gguf": str(gguf), "threads": 1, "batches": [1], "context": 256,
+                                                  "prompts": [64]}))  # fmt: skip
+                if i == 0:
+                    pairs.append((own, theirs))
+            if scheme is not None:  # the same GGUF file, read by torchformer
+                mine = f"torchformer {kind}-file compiled"
+                out.append((mine, "torchformer", {**spec, "folder": str(gguf), "scheme": None}))
+                pairs += [(mine, own)] + ([(mine, theirs)] if llama else [])
     return out, pairs
 
 
@@ -73,14 +83,20 @@ def run_child(runner: str, spec: dict, vocab: int, repeats: int) -> float | None
 
 
 def table(rows: dict[str, list[float]], pairs: list[tuple[str, str]], rounds: int) -> str:
-    lines = ["| format | torchformer (CPU ms / step) | llama.cpp (CPU ms / step) | torchformer / llama.cpp time |",
+    lines = ["| first vs second | first (CPU ms / step) | second (CPU ms / step) | first / second time |",
              "|---|---:|---:|---:|"]  # fmt: skip
-    for ours, theirs in pairs:
-        a, b = min(rows[ours], default=None), min(rows[theirs], default=None)
+    for first, second in pairs:
+        a, b = min(rows[first], default=None), min(rows[second], default=None)
         ratio = f"{a / b:.2f}x" if a and b else "-"
-        lines.append(f"| {ours.split()[1]} vs {theirs.split()[1]} | {a:.2f} | {b:.2f} | {ratio} |")
+        cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        lines.append(f"| {short(first)} vs {short(second)} | {cell(a)} | {cell(b)} | {ratio} |")
     lines.append(f"\nbest of {rounds} interleaved round(s), each the best of 3 pairs of generates in one process")
     return "\n".join(lines)
+
+
+def short(label: str) -> str:
+    """A label without " compiled" (every torchformer row here is compiled)."""
+    return label.removesuffix(" compiled")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", default="toy", choices=sorted(engines.SHAPES))
     p.add_argument("--formats", default="bf16,int8,int4")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--no-llama", action="store_true", help="torchformer's rows only (own format vs GGUF files)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -98,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"skipped: {missing} ({engines.INSTALL_HINT})")
         return 0
-    found, pairs = systems(args.shape, args.formats.split(","))
+    found, pairs = systems(args.shape, args.formats.split(","), llama=not args.no_llama)
     rows: dict[str, list[float]] = {label: [] for label, _, _ in found}
     vocab = engines.SHAPES[args.shape]["vocab"]
     for r in range(args.rounds):
