@@ -128,9 +128,27 @@ def test_int8_quantized_runs_and_stays_close(hf_folder, include_path, want):
     assert max(diffs) < 0.5 and max(diffs) > 0  # weight rounding moves the numbers a little, not far
 
 
-def test_torchformer_eval_tasks_prints_lm_evals_metrics(hf_folder, include_path, want, capsys):
-    from torchformer.cli.main import main
+@pytest.fixture(scope="module")
+def one_index(include_path):
+    """`torchformer eval --tasks`'s task index (lm-eval's ~15k tasks plus ``include_path``), built
+    once for the in-process command tests (issue 33: ~11 s of CPU a build). It is what the command
+    builds itself, read-only to its users; lm-eval's own command line (a child) builds its own."""
+    from torchformer.evaluation import lm_eval_run
 
+    real = lm_eval_run.task_manager
+    built = real(include_path)
+
+    def task_manager(path=None):
+        return built if path is not None and Path(path) == include_path else real(path)
+
+    return task_manager
+
+
+def test_torchformer_eval_tasks_prints_lm_evals_metrics(hf_folder, include_path, want, capsys, one_index, monkeypatch):
+    from torchformer.cli.main import main
+    from torchformer.evaluation import lm_eval_run
+
+    monkeypatch.setattr(lm_eval_run, "task_manager", one_index)
     argv = ["eval", str(hf_folder), "--tasks", "tfm_choice,tfm_generate", "--include-path", str(include_path)]
     assert main([*argv, "--batch-size", "4"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -150,13 +168,15 @@ def test_lm_evals_own_command_line_runs_the_torchformer_backend(hf_folder, inclu
     assert acc == pytest.approx(want["results"]["tfm_choice"]["acc,none"])
 
 
-def test_an_unknown_task_is_one_error_before_the_model_loads(hf_folder, include_path, monkeypatch, capsys):
+def test_an_unknown_task_is_one_error_before_the_model_loads(hf_folder, include_path, monkeypatch, capsys, one_index):
     from torchformer.cli import eval as eval_cli
     from torchformer.cli.main import main
+    from torchformer.evaluation import lm_eval_run
 
     # Patched where the command looks it up (and after importing it): patching `loading.load_any` before
     # the command's first import would leave the fake in cli/eval.py for every later test in the worker.
     monkeypatch.setattr(eval_cli, "load_any", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(lm_eval_run, "task_manager", one_index)
     argv = ["eval", str(hf_folder), "--tasks", "tfm_choise,tfm_generate", "--include-path", str(include_path)]
     assert main(argv) == 2
     err = capsys.readouterr().err
