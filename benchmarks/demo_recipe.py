@@ -27,16 +27,41 @@ OLD = "shakespeare-char-2020"  # the recipe the demo trained before (the baselin
 NEW = "shakespeare-char"
 
 MUON = ["optim.name=muon", "train.steps=900"]  # ~ the 75 s budget: Muon's step costs ~1.3x AdamW's
+M600 = ["optim.name=muon", "train.steps=600"]  # second session: ~2/3 of the 850-step recipe's time
+LR2X = ["optim.muon_lr=0.04", "optim.lr=6e-3"]
+LR3X = ["optim.muon_lr=0.06", "optim.lr=9e-3"]
+QK = "model.attention.qk_norm=head"
 VARIANTS: dict[str, tuple[str, list[str]]] = {  # name -> (recipe, overrides)
     "baseline": (OLD, []),
     "muon-1000": (OLD, ["optim.name=muon"]),
     "muon": (OLD, MUON),
-    "muon+qknorm": (OLD, [*MUON, "model.attention.qk_norm=head"]),
+    "muon+qknorm": (OLD, [*MUON, QK]),
     "muon+untied": (OLD, [*MUON, "model.tie_embeddings=false"]),
     "muon+softcap": (OLD, [*MUON, "model.final_softcap=30"]),
     "muon+rope": (OLD, [*MUON, "model.positions.kind=rope"]),
     "muon+rmsnorm": (OLD, [*MUON, "model.block.norm=rmsnorm"]),
-    "muon+lr2x": (OLD, [*MUON, "optim.muon_lr=0.04", "optim.lr=6e-3"]),
+    "muon+lr2x": (OLD, [*MUON, *LR2X]),
+    "muon-850": (OLD, ["optim.name=muon", "train.steps=850"]),  # the first session's shakespeare-char
+    "m600": (OLD, M600),
+    "m600+wsd": (OLD, [*M600, "schedule.name=wsd", "schedule.decay_fraction=0.5", "schedule.min_ratio=0"]),
+    "m600+lr2x": (OLD, [*M600, *LR2X]),
+    "m600+lr3x": (OLD, [*M600, *LR3X]),
+    "m600+lr2x+relu": (OLD, [*M600, *LR2X, "model.block.mlp=relu"]),
+    "m600+lr2x+wd0": (OLD, [*M600, *LR2X, "optim.weight_decay=0"]),
+    "m600+lr2x+wd0.2": (OLD, [*M600, *LR2X, "optim.weight_decay=0.2"]),
+    "m600+lr2x+qknorm": (OLD, [*M600, *LR2X, QK]),
+    "m400-b32": (OLD, ["optim.name=muon", "train.steps=400", "train.batch_size=32"]),
+    "m350-b32+lr2x": (OLD, ["optim.name=muon", "train.steps=350", "train.batch_size=32", *LR2X]),
+    "m350-b32+lr3x": (OLD, ["optim.name=muon", "train.steps=350", "train.batch_size=32", *LR3X]),
+    "m680+lr2x+qknorm": (OLD, ["optim.name=muon", "train.steps=680", *LR2X, QK]),
+    "m680+lr2x+qknorm+warmup20": (OLD, ["optim.name=muon", "train.steps=680", *LR2X, QK, "schedule.warmup=20"]),
+    "m680+qknorm+lr2x+adamw-lr4x": (
+        OLD,
+        ["optim.name=muon", "train.steps=680", "optim.muon_lr=0.04", "optim.lr=1.2e-2", QK],
+    ),
+    "m650+lr2x+qknorm+warmup100": (OLD, ["optim.name=muon", "train.steps=650", *LR2X, QK, "schedule.warmup=100"]),
+    "m400-b32+lr2x+qknorm": (OLD, ["optim.name=muon", "train.steps=400", "train.batch_size=32", *LR2X, QK]),
+    "m400-b32+lr3x+qknorm": (OLD, ["optim.name=muon", "train.steps=400", "train.batch_size=32", *LR3X, QK]),
     "new": (NEW, []),
 }
 
@@ -70,7 +95,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.list:
         for name, (recipe, overrides) in VARIANTS.items():
-            print(f"{name:14s} {recipe} {' '.join(overrides)}")
+            print(f"{name:18s} {recipe} {' '.join(overrides)}")
         return 0
     if args.one:
         recipe, overrides = VARIANTS[args.one]
