@@ -368,14 +368,24 @@ def test_engine_arguments_are_checked():
         make_engine(None, request_timeout=0)
 
 
+def test_row_bucket_is_the_next_power_of_two_within_the_slots():
+    from torchformer.serve.rows import row_bucket
+
+    assert [row_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [row_bucket(n, 5) for n in range(1, 6)] == [1, 2, 4, 4, 5]
+
+
 @pytest.mark.slow
 def test_compiled_step_serves_what_generate_gives(tiny):
-    """--compile: every step runs all R rows over the whole cache through one compiled graph."""
+    """--compile: each step runs the busy rows rounded up to a power of two (rows.py's row_bucket)
+    over the whole cache; one graph per bucket, reused by later requests of that bucket."""
     import torch._dynamo
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    engine = make_engine(tiny, slots=3, compile=True)
+    graphs = lambda: torch._dynamo.utils.counters["stats"]["unique_graphs"]  # noqa: E731
+    engine = make_engine(tiny, slots=5, compile=True)
+    length = tiny.config.max_seq_len
     try:
         prompts, n = [[5, 6, 7], [9, 1], [4, 4, 4, 4]], 8
         sinks = [Collect() for _ in prompts]
@@ -383,17 +393,22 @@ def test_compiled_step_serves_what_generate_gives(tiny):
             engine.submit(p, options(n), sink)
         for sink in sinks:
             assert sink.ended.wait(300)
-        late = Collect()  # after the others: reuses a row, same graph
-        engine.submit([3, 2, 1], options(n, temperature=0.7, seed=2), late)
-        assert late.ended.wait(60)
+        assert (4, length) in engine.views  # three busy rows ran as a 4-row step (row 3 a dummy)
+        lates = []
+        for seed in (2, 3):  # alone, after the others: row 0, a 1-row step; the second one reuses its graph
+            late = Collect()
+            engine.submit([3, 2, 1], options(n, temperature=0.7, seed=seed), late)
+            assert late.ended.wait(120)
+            lates.append((seed, late, graphs()))
     finally:
         engine.stop()
     for p, sink in zip(prompts, sinks):
         assert sink.tokens == generate_alone(tiny, p, n, {})
-    assert late.tokens == generate_alone(tiny, [3, 2, 1], n, {"temperature": 0.7, "seed": 2})
-    # all rows, all slots: one shape of step, one graph
-    assert list(engine.views) == [(3, tiny.config.max_seq_len)]
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    for seed, late, _ in lates:
+        assert late.tokens == generate_alone(tiny, [3, 2, 1], n, {"temperature": 0.7, "seed": seed})
+    assert (1, length) in engine.views and {rows for rows, _ in engine.views} <= {1, 2, 4}
+    assert {slots for _, slots in engine.views} == {length}  # compiled: every slot, always
+    assert graphs() == len(engine.views) and lates[0][2] == lates[1][2]  # one graph per bucket, none twice
 
 
 def test_a_stuck_engine_is_not_healthy(tiny):

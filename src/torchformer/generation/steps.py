@@ -97,20 +97,22 @@ def step_function(seq2seq: bool, compiled: bool, fn=None):
 
 
 def steady(step, compiled: bool):
-    """``step`` (compiled) for one decode loop of fixed shapes: the first call evaluates dynamo's guards in full (and
-    compiles if needed); the later calls evaluate only the guards that tell its cached graphs
-    apart (``skip_guard_eval_unsafe``). The loop feeds the same model, cache and shapes every
-    call, with only tensor values changing, so the full guards would pass each time; evaluating
-    them was ~0.35 ms of a 4.7 ms compiled batch-1 step (profile). Not for loops whose shapes
-    change (speculative chunks): a graph for a shape never seen would not be told apart."""
+    """``step`` (compiled) for a decode loop over a few fixed shapes: the first call with each new
+    set of tensor shapes evaluates dynamo's guards in full (and compiles if needed); the later calls
+    evaluate only the guards that tell its cached graphs apart (``skip_guard_eval_unsafe``). The
+    loop feeds the same model and cache every call, with only tensor values changing (and, in the
+    server, one of a few row counts, each seen once in full first), so the full guards would pass
+    each time; evaluating them was ~0.35 ms of a 4.7 ms compiled batch-1 step (profile). Not for
+    loops whose non-tensor inputs change shape (a graph for a shape never seen would not be told
+    apart)."""
     if not compiled:
         return step
-    first = True
+    seen: set[tuple] = set()
 
     def call(*args):
-        nonlocal first
-        if first:
-            first = False
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        if shapes not in seen:
+            seen.add(shapes)
             return step(*args)
         with torch.compiler.set_stance(skip_guard_eval_unsafe=True):
             return step(*args)

@@ -3,10 +3,11 @@
 Legend: R rows (slots), T prompt length, V vocabulary. Each step: drop cancelled and timed-out
 requests, admit waiting ones FIFO into free rows (the prompts admitted together are prefilled in
 batches over consecutive rows, rows.py's ``prefill_batches``), then one batched decode step of
-(n, 1) tokens over rows 0..n-1 (n: one past the highest busy row; all R when compiled). Rows
+(n, 1) tokens over rows 0..n-1 (n: one past the highest busy row; compiled, rounded up to a
+power of two, rows.py's ``row_bucket``). Rows
 without a request feed a dummy token whose key/value go to the hidden slot (DESIGN section 4),
 so they change nothing. Eager steps take the key slots in use, rounded up to a multiple of SPAN
-(rows.py); compiled ones the whole cache, one graph for the engine's life: on the CPU, SDPA
+(rows.py); compiled ones every slot, one graph per row bucket for the engine's life: on the CPU, SDPA
 reads only the slots some query can see either way (nn/backends.py, ``prefix_sdpa``). The
 projections' weights are packed while the engine runs (fast/panels.py: panels for the native
 kernel, else oneDNN; a second copy of the weights). A freed row is reused without clearing: the
@@ -207,7 +208,10 @@ class Engine(Scheduler):
                 self.cache = self.model.new_cache(batch_size=self.slots, max_len=self.context)
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = decode_rows
-                if self.compile:  # one shape for the engine's life: later calls skip the full guards
+                if self.compile:  # a few shapes for the engine's life: later calls skip the full guards
+                    buckets = self.slots.bit_length() + 1  # row_bucket's 1, 2, 4, ..., slots
+                    dynamo = torch._dynamo.config
+                    dynamo.recompile_limit = max(dynamo.recompile_limit, buckets)
                     self.step_fn = steady(torch.compile(decode_rows, dynamic=False, fullgraph=True), True)
                 with packed(self.model, self.slots):
                     self.beat, self.ready = time.monotonic(), True

@@ -19,6 +19,13 @@ def span(positions: int, max_len: int) -> int:
     return min(max_len, -(-positions // SPAN) * SPAN)
 
 
+def row_bucket(rows: int, slots: int) -> int:
+    """Rows a compiled decode step runs when rows 0..rows-1 are busy: the next power of two, at most
+    ``slots``. One graph per bucket (log2(slots) + 1 of them), and a step never pays for more than
+    twice the rows in use (measured: an all-slots step for one request ran slower than eager)."""
+    return min(slots, 1 << (rows - 1).bit_length())
+
+
 def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
     """Rows start..stop-1 and slots 0..length-1 of the cache, with slot ``length`` as the hidden
     slot; index_put_ through the views writes the cache in place. The hidden slot of a short view

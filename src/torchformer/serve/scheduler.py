@@ -16,7 +16,7 @@ from .groups import first_tokens
 from .jobs import Job, Prompt
 from .logprobs import step_logprobs
 from .protocol import APIError, shutting_down
-from .rows import copy_row, prefill_batches, prefill_rows, rows_view, span
+from .rows import copy_row, prefill_batches, prefill_rows, row_bucket, rows_view, span
 from .topk import argmax
 
 log = logging.getLogger(__name__)
@@ -156,12 +156,15 @@ class Scheduler:
     def step(self) -> None:
         """One batched decode step for all rows; per-row sampling; one host read of the tokens."""
         jobs = [j for j in self.rows if j is not None]
-        # Eager: only rows 0..n-1 (admission takes the lowest free row) and the key slots in use: a
-        # lone short request costs a one-row step over a short cache, not an R-row one over max_len.
-        # Compiled: every step all R rows and all slots, one graph (module docstring).
-        n, length = self.slots, self.cache.max_len
-        if not self.compile:
-            n, length = 1 + max(j.row for j in jobs), span(max(j.pos for j in jobs), self.cache.max_len)
+        # Only rows 0..n-1 (admission takes the lowest free row): a lone request costs a one-row
+        # step, not an R-row one. Eager: the key slots in use too, so a short request reads a short
+        # cache. Compiled: n rounded up to a power of two over all slots, a few graphs for the
+        # engine's life (module docstring).
+        n = 1 + max(j.row for j in jobs)
+        if self.compile:
+            n, length = row_bucket(n, self.slots), self.cache.max_len
+        else:
+            length = span(max(j.pos for j in jobs), self.cache.max_len)
         if (n, length) not in self.views:
             self.views[n, length] = rows_view(self.cache, 0, n, length)
         rows = self.rows[:n]
