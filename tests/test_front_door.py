@@ -87,8 +87,9 @@ def test_train_default_run(tmp_path):
 
 def test_generate_from_the_trained_run_streams_text(home):
     out = run('torchformer generate runs/shakespeare-char --prompt "ROMEO:" --max-new-tokens 50 --temperature 0.8 '
-              "--stream --verbose", home)  # fmt: skip
-    assert out.startswith("ROMEO:") and len(out.split("\n", 1)[0]) > len("ROMEO:"), out
+              "--seed 0 --stream --verbose", home)  # fmt: skip
+    # Text beyond the prompt (a 3-step model may well sample a newline first: not the first line's length).
+    assert out.startswith("ROMEO:") and out[len("ROMEO:") :].strip(), out
 
 
 def test_generate_a_preset_ids_in_ids_out(home):
