@@ -41,6 +41,7 @@ from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
 from ..nn.quant_min import Int4MinLinear
+from . import two_level
 from .native import kernels
 from .panels import LANES, panels
 
@@ -51,9 +52,9 @@ def ops_ready() -> bool:
     torch.compile traces through them as opaque calls)."""
     if kernels() is None:
         return False
-    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
-    torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g: x.new_empty((x.shape[0], n)))
-    torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     return True
 
@@ -69,6 +70,7 @@ class PanelLinear(QuantLinear):
 
     cpu_product_dtypes = ()  # the panels' product is forward's own (the portable one reads qweight)
     half_scales = True  # whether the kernel takes f16 scales (compact_scales)
+    super_group = 0  # inputs per super-scale where the scales are two-level (fast/two_level.py), else 0
 
     def __init__(self, source: QuantLinear) -> None:
         self.empty(source.out_features, source.in_features, getattr(source, "group_size", None), None)
@@ -82,6 +84,7 @@ class PanelLinear(QuantLinear):
         self.out_features, self.in_features = n, k
         self._init_bias(bias)
         self.allocate(group_size)
+        self.register_buffer("super_scale", None, persistent=False)  # (P, K/SG, 16) f16: two-level scales only
 
     @classmethod
     def of(cls, source: QuantLinear) -> PanelLinear:
@@ -146,21 +149,42 @@ class PanelLinear(QuantLinear):
     def fill(self, source: QuantLinear) -> None:
         """Every row and the bias from ``source`` (allocated already), block by block."""
         self._init_bias(source.bias)
-        self.scale = self.scale.float()  # written in fp32, then compacted again
+        self.scale, self.super_scale, self.super_group = self.scale.float(), None, 0  # fp32, compacted again
         for rows in row_blocks(self.out_features, self.in_features, LANES):
             self.write(rows, *source.values(rows))
-        self.compact_scales()
+        self.compact_scales(source)
 
-    def compact_scales(self) -> None:
-        """Keep the scales in f16 where f16 holds every one exactly (GGUF's Q8_0 / Q4_0 / Q5_0 block
-        scales: an f16 d each): the kernel widens them as it reads (csrc/quantized.cpp), so a group
-        of 32 int8 weights reads 34 bytes instead of 36, of 32 int4 weights 18 instead of 20. Scales
-        of our own quantization are fp32 values and stay fp32."""
+    def compact_scales(self, source: QuantLinear | None = None) -> None:
+        """Keep the scales in the file's two-level form where ``source`` carries it (GGUF's
+        K-quants, fast/two_level.py: an int8 per group under an f16 per super-block), else in f16
+        where f16 holds every one exactly (GGUF's Q8_0 / Q4_0 / Q5_0 block scales: an f16 d each):
+        the kernel widens them as it reads (csrc/quantized.cpp), so a group of 32 int8 weights reads
+        34 bytes instead of 36, of 32 int4 weights 18 instead of 20. Scales of our own quantization
+        are fp32 values and stay fp32."""
+        parts = two_level.fits(getattr(source, "scale_parts", None), self.scale, self.group_size or self.in_features)
+        if parts is not None and self.two_level_ok(source):
+            self.scale, self.super_scale = parts
+            self.super_group = source.scale_parts.size
+            return
         if not self.half_scales:
             return
         half = self.scale.half()
         if torch.equal(half.float(), self.scale):
             self.scale = half
+
+    def two_level_ok(self, source: QuantLinear) -> bool:
+        """Whether the rest of the format takes two-level scales too (Int4MinPanels: its minimums)."""
+        return True
+
+    def full_scales(self) -> Tensor:
+        """The scales (P, K/G, 16) fp32, whatever form the panels keep them in."""
+        if self.super_scale is None:
+            return self.scale.float()
+        return two_level.expanded(self.scale, self.super_scale)
+
+    def super_args(self) -> tuple[Tensor | None, int]:
+        """The ops' (super_scale, super_group) arguments."""
+        return self.super_scale, self.super_group
 
 
 class Int8Panels(PanelLinear, Int8Linear):
@@ -182,12 +206,12 @@ class Int8Panels(PanelLinear, Int8Linear):
 
     def product(self, x2: Tensor) -> Tensor:
         group = self.group_size or self.in_features
-        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, group)
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, group, *self.super_args())
 
     def portable(self) -> Int8Linear:
         N = self.out_features
         q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
-        scale = from_panels(self.scale, N).float()  # (N, K/G)
+        scale = from_panels(self.full_scales(), N)  # (N, K/G)
         scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
         return Int8Linear(q, scale, self.bias, self.group_size)
 
@@ -210,13 +234,14 @@ class Int4Panels(PanelLinear, Int4Linear):
         self.scale[p : p + block.shape[0]] = panels(scale)  # (p', K/G, 16)
 
     def product(self, x2: Tensor) -> Tensor:
-        return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, self.out_features, self.group_size)
+        n, g = self.out_features, self.group_size
+        return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, n, g, *self.super_args())
 
     def portable(self) -> Int4Linear:
         N = self.out_features
         b = from_panels(self.panels, N)  # (N, K/8, 4)
         q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=2).reshape(N, -1)
-        return Int4Linear.from_values(q, from_panels(self.scale, N).float().contiguous(), self.bias, self.group_size)
+        return Int4Linear.from_values(q, from_panels(self.full_scales(), N).contiguous(), self.bias, self.group_size)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", group_size={self.group_size}"
@@ -227,11 +252,30 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
     offset) and scales, plus its minimums as (P, K / G, 16): ``int4_min_mm`` subtracts each group's
     minimum times the group's sum of x (nn/quant_min.py)."""
 
-    half_scales = False  # int4_min_mm takes fp32 scales only
+    half_scales = False  # int4_min_mm takes fp32 or two-level scales only
 
     def allocate(self, group_size: int | None) -> None:
         super().allocate(group_size)
         self.register_buffer("minimum", torch.zeros_like(self.scale), persistent=False)
+        self.register_buffer("super_min", None, persistent=False)  # (P, K/SG, 16) f16: two-level only
+
+    def fill(self, source: QuantLinear) -> None:
+        self.minimum, self.super_min = self.minimum.float(), None  # written in fp32 (compact_scales)
+        super().fill(source)
+
+    def two_level_ok(self, source: QuantLinear) -> bool:
+        """The kernel takes two-level scales with two-level minimums of the same super-block: both
+        or neither (then the minimums are fp32, as the scales)."""
+        parts = getattr(source, "minimum_parts", None)
+        found = two_level.fits(parts, self.minimum, self.group_size)
+        if found is None or parts.size != source.scale_parts.size:
+            return False
+        self.minimum, self.super_min = found
+        return True
+
+    def full_minimums(self) -> Tensor:
+        """The minimums (P, K/G, 16) fp32."""
+        return self.minimum if self.super_min is None else two_level.expanded(self.minimum, self.super_min)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor, minimum: Tensor) -> None:  # type: ignore[override]
         super().write(rows, q, scale)
@@ -240,11 +284,12 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
 
     def product(self, x2: Tensor) -> Tensor:
         m, n, g = self.minimum, self.out_features, self.group_size
-        return torch.ops.torchformer.int4_min_mm(x2, self.panels, self.scale, m, n, g)
+        sup, size = self.super_args()
+        return torch.ops.torchformer.int4_min_mm(x2, self.panels, self.scale, m, n, g, sup, self.super_min, size)
 
     def portable(self) -> Int4MinLinear:
         plain = super().portable()  # Int4Linear over the same nibbles and scales
-        minimum = from_panels(self.minimum, self.out_features).contiguous()  # (N, K/G)
+        minimum = from_panels(self.full_minimums(), self.out_features).contiguous()  # (N, K/G)
         return Int4MinLinear(plain.qweight, plain.scale, minimum, self.bias, self.group_size)
 
 

@@ -31,6 +31,15 @@
 // weight instead of 1 + 4/32, int4 group 32 0.5 + 2/32 instead of 0.5 + 4/32; one widening
 // instruction per 16 scales.
 //
+// Two-level scales (GGUF's K-quants, fast/two_level.py): a group's scale is a small integer
+// sub-scale times an f16 super-scale shared by the SG inputs of a super-block (Q6_K: int8 sc per 16
+// inputs under an f16 d per 256; Q4_K: 6-bit sc and m per 32 under f16 d and dmin), the file's own
+// form: Q6_K reads 1 + 1/16 + 2/256 bytes a weight instead of 1 + 4/16, Q4_K 0.5 + 2/32 + 4/256
+// instead of 0.5 + 8/32. The kernel forms each group's scale (and minimum) in registers, one
+// widening and one multiply per 16 outputs; d * sc is exact in fp32 (11 + 8 significant bits), so
+// the products are bit-equal to the same numbers given as fp32 scales. Chosen at build time by the
+// scale type (TwoLevel), no branch per element.
+//
 // Numerics: the weights are exactly the reference module's q and scales; the activations are
 // rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
 // llama.cpp. Integer sums are exact; each block's sum is scaled in fp32.
@@ -47,7 +56,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <string>
+#include <type_traits>
 
 namespace {
 
@@ -115,11 +126,16 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
   }
 }
 
+// The scale type of two-level scales (module comment): int8 sub-scales under f16 super-scales.
+struct TwoLevel {};
+
 struct Weights {
   const uint8_t* panels;  // P panels of K / KL lines
-  const void* scale;      // (P, K / G, 16) fp32, or f16 (the kernels' S)
-  const float* minimum;   // (P, K / G, 16): what a group subtracts per unit of x (formats with MIN only)
-  int64_t K, G;           // G: inputs per weight scale (K for one scale per row)
+  const void* scale;      // (P, K / G, 16) fp32, f16, or int8 sub-scales (TwoLevel): the kernels' S
+  const void* minimum;    // (P, K / G, 16) fp32 or int8 (TwoLevel): what a group subtracts per unit of x (MIN)
+  const uint16_t* super_scale;  // (P, K / SG, 16) f16 (TwoLevel only)
+  const uint16_t* super_min;    // (P, K / SG, 16) f16 (TwoLevel and MIN only)
+  int64_t K, G, SG;             // G: inputs per weight scale (K for one scale per row); SG per super-scale
 };
 
 namespace plain {
@@ -137,9 +153,27 @@ namespace with_vnni {
 // The activation block: 32 inputs, or the largest power of two dividing both the group and 32.
 int64_t act_block(int64_t K, int64_t G) { return std::gcd<int64_t>(std::gcd<int64_t>(32, G), K); }
 
-template <class F, class FV>  // the format's plain and VNNI copies; minimum: defined for F::MIN only
+// Checks a two-level part: (P, K / per, 16) of dtype.
+void check_part(const torch::Tensor& t, at::ScalarType dtype, int64_t P, int64_t K, int64_t per, const char* name,
+                const char* what) {
+  TORCH_CHECK(t.scalar_type() == dtype && t.is_contiguous() && t.numel() == P * (K / per) * LANES, name, ": ",
+              what, " must be ", c10::toString(dtype), " (P, K / ", per, ", 16)");
+}
+
+template <class F, class FV, class S>
+void dispatch(const Weights& wt, const Acts& a, int64_t R, int64_t N, float* o) {
+  if (vnni())
+    with_vnni::run<FV, true, S>(wt, a, R, N, o);
+  else
+    plain::run<F, false, S>(wt, a, R, N, o);
+}
+
+// minimum: defined for F::MIN only; super_scale (f16 (P, K / SG, 16)) with int8 scale (and, for
+// F::MIN, super_min with an int8 minimum): two-level scales over SG = super_group inputs.
+template <class F, class FV>  // the format's plain and VNNI copies
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
-                      const torch::Tensor& minimum, int64_t N, int64_t G, const char* name) {
+                      const torch::Tensor& minimum, int64_t N, int64_t G, const std::optional<torch::Tensor>& sup,
+                      const std::optional<torch::Tensor>& sup_min, int64_t SG, const char* name) {
   const int64_t R = x.size(0), K = x.size(1);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, name,
               ": x must be (R, K) contiguous fp32");
@@ -148,14 +182,25 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const int64_t P = (N + LANES - 1) / LANES;
   TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * (K / F::KL) * LINE, name,
               ": the panels do not match N and K");
+  const bool two = sup.has_value();
   const bool half = scale.scalar_type() == at::kHalf;
-  TORCH_CHECK((half || scale.scalar_type() == at::kFloat) && scale.is_contiguous() &&
-                  scale.numel() == P * (K / G) * LANES,
-              name, ": scale must be fp32 or f16 (P, K / group, 16)");
-  TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
-  TORCH_CHECK(!F::MIN || (minimum.scalar_type() == at::kFloat && minimum.is_contiguous() &&
-                          minimum.numel() == P * (K / G) * LANES),
-              name, ": minimum must be fp32 (P, K / group, 16)");
+  if (two) {
+    TORCH_CHECK(SG > 0 && SG % G == 0 && K % SG == 0, name, ": super_group must be a multiple of the group dividing K");
+    check_part(scale, at::kChar, P, K, G, name, "scale (two-level sub-scales)");
+    check_part(*sup, at::kHalf, P, K, SG, name, "super_scale");
+    TORCH_CHECK(!F::MIN || sup_min.has_value(), name, ": two-level scales need super_min too");
+    if constexpr (F::MIN) {
+      check_part(minimum, at::kChar, P, K, G, name, "minimum (two-level sub-minimums)");
+      check_part(*sup_min, at::kHalf, P, K, SG, name, "super_min");
+    }
+  } else {
+    TORCH_CHECK(!sup_min.has_value(), name, ": super_min needs super_scale");
+    TORCH_CHECK((half || scale.scalar_type() == at::kFloat) && scale.is_contiguous() &&
+                    scale.numel() == P * (K / G) * LANES,
+                name, ": scale must be fp32 or f16 (P, K / group, 16)");
+    TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
+    if constexpr (F::MIN) check_part(minimum, at::kFloat, P, K, G, name, "minimum");
+  }
   const int64_t B = act_block(K, G);
   auto q = torch::empty({R, K}, x.options().dtype(at::kChar));
   auto xs = torch::empty({R, K / B}, x.options());
@@ -168,59 +213,64 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
     quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
                  bias.data_ptr<int32_t>() + r * (K / B), sp ? sp + r * (K / B) : nullptr);
   auto out = torch::empty({R, N}, x.options());
+  auto f16 = [](const std::optional<torch::Tensor>& t) {
+    return t.has_value() ? reinterpret_cast<const uint16_t*>(t->data_ptr()) : nullptr;
+  };
   const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(),
-                   F::MIN ? minimum.data_ptr<float>() : nullptr, K, G};
+                   F::MIN ? minimum.data_ptr() : nullptr, f16(sup), f16(sup_min), K, G, two ? SG : K};
   const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, K, B};
   float* o = out.data_ptr<float>();
-  if constexpr (F::MIN) {  // fp32 scales only (checked above): one copy fewer to compile
-    if (vnni())
-      with_vnni::run<FV, true, float>(wt, a, R, N, o);
-    else
-      plain::run<F, false, float>(wt, a, R, N, o);
-  } else if (half) {
-    if (vnni())
-      with_vnni::run<FV, true, uint16_t>(wt, a, R, N, o);
-    else
-      plain::run<F, false, uint16_t>(wt, a, R, N, o);
-  } else {
-    if (vnni())
-      with_vnni::run<FV, true, float>(wt, a, R, N, o);
-    else
-      plain::run<F, false, float>(wt, a, R, N, o);
-  }
+  if (two)
+    dispatch<F, FV, TwoLevel>(wt, a, R, N, o);
+  else if constexpr (F::MIN)  // fp32 scales only (checked above): one copy fewer to compile
+    dispatch<F, FV, float>(wt, a, R, N, o);
+  else if (half)
+    dispatch<F, FV, uint16_t>(wt, a, R, N, o);
+  else
+    dispatch<F, FV, float>(wt, a, R, N, o);
   return out;
 }
 
 }  // namespace
 
-// x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16 -> (R, N) fp32.
+// x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16, or int8
+// sub-scales under super_scale (P, K / super_group, 16) f16 -> (R, N) fp32.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
-                      int64_t group) {
+                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int8_mm: panels must be uint8 (q + 128)");
-  return product<plain::Int8, with_vnni::Int8>(x, wp, scale, torch::Tensor(), N, group, "int8_mm");
+  return product<plain::Int8, with_vnni::Int8>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
+                                               super_group, "int8_mm");
 }
 
-// x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale (P, K / group, 16) fp32 or f16.
+// x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale as int8_mm's.
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
-                      int64_t group) {
+                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_mm: panels must be uint8");
-  return product<plain::Int4, with_vnni::Int4>(x, wp, scale, torch::Tensor(), N, group, "int4_mm");
+  return product<plain::Int4, with_vnni::Int4>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
+                                               super_group, "int4_mm");
 }
 
-// As int4_mm over nibbles u (no offset: w = scale * u - minimum per group); minimum (P, K / group, 16).
+// As int4_mm over nibbles u (no offset: w = scale * u - minimum per group); minimum (P, K / group, 16)
+// fp32, or int8 sub-minimums under super_min f16 (with two-level scales).
 torch::Tensor int4_min_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
-                          const torch::Tensor& minimum, int64_t N, int64_t group) {
+                          const torch::Tensor& minimum, int64_t N, int64_t group,
+                          const std::optional<torch::Tensor>& super_scale, const std::optional<torch::Tensor>& super_min,
+                          int64_t super_group) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_min_mm: panels must be uint8");
-  return product<plain::Int4Min, with_vnni::Int4Min>(x, wp, scale, minimum, N, group, "int4_min_mm");
+  return product<plain::Int4Min, with_vnni::Int4Min>(x, wp, scale, minimum, N, group, super_scale, super_min,
+                                                     super_group, "int4_min_mm");
 }
 
 bool has_vnni() { return vnni(); }
 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
   m.def("has_vnni() -> bool", &has_vnni);
-  m.def("int8_mm(Tensor x, Tensor panels, Tensor scale, int n, int group) -> Tensor");
-  m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group) -> Tensor");
-  m.def("int4_min_mm(Tensor x, Tensor panels, Tensor scale, Tensor minimum, int n, int group) -> Tensor");
+  m.def("int8_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, Tensor? super_scale=None, "
+        "int super_group=0) -> Tensor");
+  m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, Tensor? super_scale=None, "
+        "int super_group=0) -> Tensor");
+  m.def("int4_min_mm(Tensor x, Tensor panels, Tensor scale, Tensor minimum, int n, int group, "
+        "Tensor? super_scale=None, Tensor? super_min=None, int super_group=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) {
   m.impl("int8_mm", &int8_mm);

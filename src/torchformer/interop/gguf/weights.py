@@ -21,6 +21,9 @@ numbers kept, so each module's dequantized weight equals gguf's bit for bit:
 - Q4_K (144 bytes: f16 d and dmin, 12 bytes of 6-bit scales sc_j and minimums m_j, qs[128]):
   weight = d * sc_j * u - dmin * m_j per 32 inputs, u in [0, 15]. Int4MinLinear with group 32:
   u, scale d * sc_j and minimum dmin * m_j (both exact in fp32).
+Each also carries its scales' two-level form (``scale_parts`` / ``minimum_parts``, fast/two_level.py:
+the int8 sc or m per group under the f16 d or dmin per 256), which the CPU kernels' panels keep
+instead of the fp32 products (Q6_K 8.56 bits a weight instead of 10, Q4_K 4.63 instead of 6).
 Bit order, per super-block: Q4_K's qs byte 32c + i holds input 64c + i (low nibble) and 64c + 32 + i
 (high); Q6_K's ql byte 64h + i holds input 128h + i (low) and 128h + 64 + i (high), its qh byte
 32h + i bits 2j..2j+1 input 128h + 32j + i's high bits; the 12 scale bytes of Q4_K hold sc_0..3 and
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ...fast.two_level import TwoLevel
 from ...nn.quant import Int4Linear, Int8Linear
 from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
@@ -102,9 +106,9 @@ def super_blocks(rows: Tensor, shape: tuple[int, int], size: int) -> Tensor:
     return rows.reshape(n, k // QK_K, size)
 
 
-def f16(b: Tensor) -> Tensor:
-    """(..., 2) uint8 -> (..., 1) the f16 they hold, widened to fp32."""
-    return b.contiguous().view(torch.float16).float()
+def half(b: Tensor) -> Tensor:
+    """(..., 2) uint8 -> (..., 1) the f16 they hold."""
+    return b.contiguous().view(torch.float16)
 
 
 def nibble_halves(b: Tensor) -> Tensor:
@@ -117,13 +121,15 @@ def q6_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     n, k = shape
     b = super_blocks(rows, shape, 210)  # (N, K/256, 210)
     ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
-    sc, d = b[..., 192:208].contiguous().view(torch.int8), f16(b[..., 208:])  # (N, K/256, 16), (N, K/256, 1)
+    sc, d = b[..., 192:208].contiguous().view(torch.int8), half(b[..., 208:])  # (N, K/256, 16), (N, K/256, 1)
     low = nibble_halves(ql)  # (N, K/256, 2, 128): input 128h + i's low 4 bits
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
     high = ((qh >> shifts) & 3).reshape(n, -1, 2, 128)  # input 128h + 32j + i's top 2 bits
     q = ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)  # (N, K) in [-32, 31]
-    scale = (d * sc.float()).reshape(n, k // Q6_K_GROUP)  # (N, K/16)
-    return Int8Linear(q, scale, bias, Q6_K_GROUP)
+    scale = (d.float() * sc.float()).reshape(n, k // Q6_K_GROUP)  # (N, K/16)
+    module = Int8Linear(q, scale, bias, Q6_K_GROUP)
+    module.scale_parts = TwoLevel(sc.reshape(n, -1), d.reshape(n, -1), QK_K)
+    return module
 
 
 def q4_k_scales(s: Tensor) -> tuple[Tensor, Tensor]:
@@ -138,11 +144,15 @@ def q4_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     """Int4MinLinear (group 32) holding a Q4_K matrix's values; rows: (N, K / 256 * 144) uint8."""
     n, k = shape
     b = super_blocks(rows, shape, 144)  # (N, K/256, 144)
-    d, dmin = f16(b[..., 0:2]), f16(b[..., 2:4])  # (N, K/256, 1) each
-    sc, m = q4_k_scales(b[..., 4:16])  # (N, K/256, 8) each
+    d, dmin = half(b[..., 0:2]), half(b[..., 2:4])  # (N, K/256, 1) each
+    sc, m = q4_k_scales(b[..., 4:16])  # (N, K/256, 8) each, in [0, 63]
     u = nibble_halves(b[..., 16:].reshape(n, -1, 4, 32)).reshape(n, k)  # (N, K) in [0, 15]
-    scale, minimum = (d * sc.float()).reshape(n, -1), (dmin * m.float()).reshape(n, -1)  # (N, K/32) each
-    return Int4MinLinear.from_values(u.to(torch.int16) - 8, scale, minimum, bias, Q4_K_GROUP)
+    scale = (d.float() * sc.float()).reshape(n, -1)  # (N, K/32)
+    minimum = (dmin.float() * m.float()).reshape(n, -1)  # (N, K/32)
+    module = Int4MinLinear.from_values(u.to(torch.int16) - 8, scale, minimum, bias, Q4_K_GROUP)
+    module.scale_parts = TwoLevel(sc.view(torch.int8).reshape(n, -1), d.reshape(n, -1), QK_K)
+    module.minimum_parts = TwoLevel(m.view(torch.int8).reshape(n, -1), dmin.reshape(n, -1), QK_K)
+    return module
 
 
 # GGUF type -> (the loader of a projection stored in it, our scheme). Each keeps the file's numbers.

@@ -1,0 +1,126 @@
+"""Two-level scales in the kernels' panels (fast/two_level.py, GGUF's K-quants): a portable module
+carrying ``scale_parts`` (and ``minimum_parts`` for int4 with minimums) gets a twin that keeps the
+int8 sub-scales under f16 super-scales, whose products are bit-equal to the same module's twin over
+fp32 scales (the kernel forms d * sc exactly); parts that do not give back the fp32 scales are not
+taken; the state dict stays the portable one; the copies without VNNI give the same bits."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchformer.fast import formats
+from torchformer.fast.two_level import TwoLevel
+from torchformer.nn.quant import Int4Linear, Int8Linear
+from torchformer.nn.quant_min import Int4MinLinear
+
+pytestmark = pytest.mark.skipif(
+    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+)
+
+SUPER = 256  # inputs per super-scale, as in every K-quant
+
+
+def parts(n: int, k: int, group: int, low: int, high: int, g: torch.Generator) -> TwoLevel:
+    """Random sub-scales in [low, high) (zeros among them) under f16 super-scales of both signs
+    (Q6_K's d is negative as llama.cpp writes it)."""
+    sub = torch.randint(low, high, (n, k // group), generator=g).to(torch.int8)
+    sup = (torch.randn(n, k // SUPER, generator=g) * 1e-2).half()
+    return TwoLevel(sub, sup, SUPER)
+
+
+def fp32(p: TwoLevel, group: int) -> torch.Tensor:
+    """The scales as the GGUF loader computes them: d widened to fp32 times sc (N, K/G)."""
+    return p.super.float().repeat_interleave(SUPER // group, dim=1) * p.sub.float()
+
+
+def source(kind: str, n: int, k: int, group: int, seed: int = 0, with_parts: bool = True):
+    """A portable module of random values and two-level scales (with the parts attached or not)."""
+    g = torch.Generator().manual_seed(seed)
+    bias = torch.randn(n, generator=g)
+    if kind == "int8":  # Q6_K: values in [-32, 31], int8 sc
+        s = parts(n, k, group, -128, 128, g)
+        q = torch.randint(-32, 32, (n, k), generator=g).to(torch.int8)
+        module = Int8Linear(q, fp32(s, group), bias, group)
+    else:  # Q4_K (int4min): nibbles, 6-bit sc and m
+        s = parts(n, k, group, 0, 64, g)
+        q = torch.randint(-8, 8, (n, k), generator=g).to(torch.int16)
+        if kind == "int4":
+            module = Int4Linear.from_values(q, fp32(s, group), bias, group)
+        else:
+            m = parts(n, k, group, 0, 64, g)
+            module = Int4MinLinear.from_values(q, fp32(s, group), fp32(m, group), bias, group)
+            if with_parts:
+                module.minimum_parts = m
+    if with_parts:
+        module.scale_parts = s
+    return module.eval()
+
+
+CASES = [("int8", 40, 512, 16), ("int8", 33, 2048, 16), ("int4", 40, 512, 32), ("int4min", 33, 512, 32),
+         ("int4min", 17, 2048, 32)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind,n,k,group", CASES)
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_two_level_twin_is_bit_equal_to_the_fp32_scales_twin(kind, n, k, group, rows):
+    two = formats.fits(source(kind, n, k, group))(source(kind, n, k, group))
+    assert two.scale.dtype == torch.int8 and two.super_scale.dtype == torch.float16
+    assert two.scale.shape[1] == k // group and two.super_scale.shape[1] == k // SUPER and two.super_group == SUPER
+    if kind == "int4min":
+        assert two.minimum.dtype == torch.int8 and two.super_min.dtype == torch.float16
+    plain_source = source(kind, n, k, group, with_parts=False)
+    plain = formats.fits(plain_source)(plain_source)
+    assert plain.scale.dtype == torch.float32 and plain.super_scale is None
+    x = torch.randn(rows, k)
+    with torch.no_grad():
+        assert torch.equal(two(x), plain(x))
+    state, expected = two.state_dict(), plain_source.state_dict()
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[name], expected[name]) and state[name].dtype == expected[name].dtype for name in state)
+
+
+def test_parts_that_do_not_give_back_the_scales_are_not_taken():
+    module = source("int4min", 40, 512, 32)
+    wrong = module.scale_parts.sub.clone()
+    wrong[5, 3] += 1  # one group's scale no longer d * sc
+    module.scale_parts = TwoLevel(wrong, module.scale_parts.super, SUPER)
+    twin = formats.fits(module)(module)
+    assert twin.scale.dtype == torch.float32 and twin.super_scale is None and twin.minimum.dtype == torch.float32
+    module = source("int4min", 40, 512, 32)
+    del module.minimum_parts  # scales alone: the kernel takes both two-level or neither
+    twin = formats.fits(module)(module)
+    assert twin.scale.dtype == torch.float32 and twin.super_scale is None
+
+
+def test_loading_a_state_dict_keeps_the_products_exact():
+    twin = formats.fits(source("int8", 40, 512, 16))(source("int8", 40, 512, 16))
+    other = source("int8", 40, 512, 16, seed=1, with_parts=False)
+    twin.load_state_dict(other.state_dict())  # new scales: the old parts no longer hold
+    expected = formats.fits(other)(other)
+    x = torch.randn(3, 512)
+    with torch.no_grad():
+        assert torch.equal(twin(x), expected(x))
+
+
+def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
+    script = (
+        "import sys, torch\n"
+        "from tests.fast.test_quant_two_level import CASES, source\n"
+        "from torchformer.fast import formats\n"
+        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
+        "torch.manual_seed(1)\n"
+        "xs = [torch.randn(9, k) for _, _, k, _ in CASES]\n"
+        "with torch.no_grad():\n"
+        "    outs = [formats.fits(source(*c))(source(*c))(x) for c, x in zip(CASES, xs)]\n"
+        "torch.save([xs, outs], sys.argv[1])\n"
+    )
+    path = tmp_path / "plain.pt"
+    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
+    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
+    xs, theirs = torch.load(path)
+    with torch.no_grad():
+        for case, x, out in zip(CASES, xs, theirs):
+            assert torch.equal(formats.fits(source(*case))(source(*case))(x), out), case
