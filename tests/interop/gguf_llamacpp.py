@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from benchmarks.engines import CACHE, CONVERT, byte_level_bpe, llama_source
+from torchformer.interop.gguf.llamacpp import plain_buffers
 
 ROOT = Path(tempfile.mkdtemp(prefix="tfm-gguf-"))
 atexit.register(shutil.rmtree, ROOT, ignore_errors=True)
@@ -249,22 +250,11 @@ def need_llama_cpp() -> None:
 
 def llama(path: Path):
     """llama.cpp on ``path`` in f32 throughout: f32 KV cache, flash attention off, every position's
-    logits; without its extra buffer types (runtime weight repacking, AMX): ggml's AMX product
-    segfaults on quantized files where the CPU has AMX (llama-cpp-python 0.3.36 built with
-    GGML_NATIVE on a Xeon with amx_int8: ggml_backend_amx_mul_mat), and the binding's Llama takes
-    no argument for it, so its default model params are swapped for this one construction."""
+    logits; without its extra buffer types (interop/gguf/llamacpp.py: ggml's AMX product segfaults
+    on quantized files where the CPU has AMX)."""
     import llama_cpp
-    from llama_cpp import llama as binding
 
-    default = binding.llama_cpp.llama_model_default_params
-
-    def params():
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    binding.llama_cpp.llama_model_default_params = params
-    try:
+    with plain_buffers():
         return llama_cpp.Llama(
             model_path=str(path),
             n_ctx=128,
@@ -276,8 +266,6 @@ def llama(path: Path):
             n_threads_batch=1,
             verbose=False,
         )
-    finally:
-        binding.llama_cpp.llama_model_default_params = default
 
 
 def llama_logits(path: Path, ids: list[int]) -> torch.Tensor:
