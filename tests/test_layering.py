@@ -6,7 +6,9 @@ graph is a ladder with no circle. Imports inside functions (and under TYPE_CHECK
 same as those at the top of a file: a function-level import hides an arrow, it does not remove
 it. Nor may the modules' graph have a circle, inside a room either.
 
-    floor 0  configs/                                  frozen, validated configs (no torch)
+    floor 0  configs/ (+ config.py)                    frozen, validated configs (no torch);
+                                                        config.py: their import path before
+                                                        configs/, re-exported, kept for users
              text/                                      byte-level BPE's alphabet, chat templates
              atomic.py  extras.py  host_memory.py       the atomic writer, optional dependencies,
              _version.py                                glibc's freed-memory setting, the version
@@ -87,7 +89,8 @@ def import_graph(src: Path) -> dict[str, dict[str, int]]:
     return {m: imports_of(p.read_text(), m, p.name == "__init__.py", known) for m, p in files.items()}
 
 
-ONE_ROOM = {"moe_presets": "presets"}  # presets.py lists moe_presets.py's shapes with its own
+# presets.py lists moe_presets.py's shapes with its own; config.py re-exports configs/
+ONE_ROOM = {"moe_presets": "presets", "config": "configs"}
 
 
 def room(module: str) -> str:
@@ -143,6 +146,14 @@ def graph():
 def test_every_room_has_a_floor(graph):
     rooms = {room(m) for m in graph}
     assert not sorted(rooms - set(FLOOR_OF)), "a new room: give it a floor in FLOORS (and the docstring)"
+
+
+def test_the_old_config_path_names_the_same_classes():
+    import torchformer.config as old
+    import torchformer.configs as configs
+
+    assert sorted(old.__all__) == sorted(configs.__all__)
+    assert all(getattr(old, name) is getattr(configs, name) for name in configs.__all__)
 
 
 def test_nothing_imports_upward_or_sideways(graph):
