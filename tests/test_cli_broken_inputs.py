@@ -1,9 +1,12 @@
-"""Issue 26: every broken input the hostile tester found, run through the real CLI in a child
-process. Each case must exit 2 with one line on stderr that names the file or argument, print no
-traceback, and leave the folder it ran in byte for byte as it was (nothing written, nothing deleted).
+"""Issue 26: every broken input the hostile tester found, run through the real CLI (`main(argv)`) in
+a child process. Each case must exit 2 with one line on stderr that names the file or argument, print
+no traceback, and leave the folder it ran in byte for byte as it was (nothing written, nothing deleted).
 
-The inputs are made per case in tmp_path from one tiny good checkpoint, its Hugging Face export and
-a tiny training recipe (built once per module); each case then breaks its copy in one way.
+The inputs are made per case from one tiny good checkpoint, its Hugging Face export and a tiny
+training recipe (built once per module); each case then breaks its own copy in one way. One child
+process runs every case in turn (issue 33: a child per case cost ~3 s of imports each, 36 of them),
+each in its own folder as working directory with its own stderr (file descriptor 2 itself, so a
+write that bypasses sys.stderr is seen too) and its own time limit.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,8 @@ import torch
 import torchformer as tfm
 from torchformer.training.tokenizers import build_tokenizer
 
-pytestmark = pytest.mark.slow  # about 35 child processes, a few seconds each
+# One child process runs every case; the group keeps its tests on one xdist worker (so one child).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_broken_inputs")]
 
 TEXT = "to be or not to be that is the question\n" * 8
 RECIPE = """name: tiny
@@ -191,35 +195,106 @@ CASES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_broken_input_is_one_line_and_changes_nothing(case, base, tmp_path):
-    breaks, argv, needle = CASES[case]
-    shutil.copytree(base, tmp_path, dirs_exist_ok=True)
-    if breaks is not None:
-        breaks(tmp_path)
-    before = tree(tmp_path)
+# Runs each [folder, argv, environment changes] of sys.argv[1] through main() in turn, writes
+# [exit status, seconds] a line to sys.argv[2], and each line's stderr to sys.argv[3]/<i>.txt. A line
+# that raises prints the traceback there and gets status "raised"; one still running after its limit
+# gets "hung" (Hung is no OSError, which main() would report as a user error). A serve line that were
+# not refused would start the engine: here that raises.
+CHILD = textwrap.dedent(
+    """
+    import json, os, signal, sys, time, traceback
+    from torchformer.cli.main import main
+    from torchformer.serve import engine
+
+    class Hung(BaseException):
+        pass
+
+    def hung(signum, frame):
+        raise Hung()
+
+    def started(self):
+        raise RuntimeError("the server started")
+
+    engine.Engine.start = started
+    signal.signal(signal.SIGALRM, hung)
+    lines, results, errs, limit = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+    saved = os.dup(2)
+    with open(results, "w") as out:
+        for i, (folder, argv, env) in enumerate(lines):
+            os.chdir(folder)
+            os.environ.pop("TORCHFORMER_DEBUG", None)
+            os.environ.update(env)
+            with open(os.path.join(errs, f"{i}.txt"), "w") as err:
+                sys.stderr.flush()
+                os.dup2(err.fileno(), 2)
+                t0 = time.perf_counter()
+                signal.alarm(limit)
+                try:
+                    code = main(argv)
+                except SystemExit as exit:
+                    code = exit.code
+                except Hung:
+                    code = "hung"
+                except BaseException:
+                    code = "raised"
+                    traceback.print_exc()
+                finally:
+                    signal.alarm(0)
+                took = time.perf_counter() - t0
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+            out.write(json.dumps([code, took]) + "\\n")
+            out.flush()
+    """
+)
+DEBUG_LINES = {"--debug": ([*GEN, "--debug"], {}), "TORCHFORMER_DEBUG=1": (GEN, {"TORCHFORMER_DEBUG": "1"})}
+
+
+@pytest.fixture(scope="module")
+def outcomes(base, tmp_path_factory) -> dict[str, tuple[Path, dict, object, str, float]]:
+    """case -> (its folder, the folder's tree before, exit status, stderr, seconds): every CASES line,
+    then every DEBUG_LINES one (on a truncated checkpoint), each in its own copy of base, all in one
+    child process."""
+    runs = {case: (breaks, argv, {}) for case, (breaks, argv, _) in CASES.items()}
+    runs |= {name: (truncated, argv, env) for name, (argv, env) in DEBUG_LINES.items()}
+    folders, befores, lines = {}, {}, []
+    for case, (breaks, argv, env) in runs.items():
+        folder = tmp_path_factory.mktemp("case")
+        shutil.copytree(base, folder, dirs_exist_ok=True)
+        if breaks is not None:
+            breaks(folder)
+        folders[case], befores[case] = folder, tree(folder)
+        lines.append([str(folder), argv, env])
+    logs = tmp_path_factory.mktemp("stderr")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.pop("TORCHFORMER_DEBUG", None)
-    t0 = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "torchformer.cli.main", *argv], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-    took = time.perf_counter() - t0
-    lines = result.stderr.strip().splitlines()
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
-    assert len(lines) == 1, result.stderr
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(lines), str(logs / "results.jsonl"), str(logs),
+                           str(TIMEOUT_S // 2)], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S * 5)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [json.loads(line) for line in (logs / "results.jsonl").read_text().splitlines()]
+    assert len(results) == len(runs), done.stderr[-3000:]
+    return {case: (folders[case], befores[case], code, (logs / f"{i}.txt").read_text(), took)
+            for i, (case, (code, took)) in enumerate(zip(runs, results))}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_broken_input_is_one_line_and_changes_nothing(case, outcomes):
+    argv, needle = CASES[case][1:]
+    folder, before, returncode, stderr, took = outcomes[case]
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert returncode == 2, (returncode, stderr[-3000:])
+    assert len(lines) == 1, stderr
     assert lines[0].startswith(f"torchformer {argv[0]}: error: ") and needle in lines[0], lines[0]
-    assert tree(tmp_path) == before, "the failed command changed the folder"
+    assert tree(folder) == before, "the failed command changed the folder"
     assert took < TIMEOUT_S / 2, f"took {took:.0f} s"
 
 
-def test_debug_shows_the_traceback(base, tmp_path):
-    """--debug (or TORCHFORMER_DEBUG=1) is how a developer sees where a user error was raised."""
-    shutil.copytree(base, tmp_path, dirs_exist_ok=True)
-    truncated(tmp_path)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for argv, extra in (([*GEN, "--debug"], {}), (GEN, {"TORCHFORMER_DEBUG": "1"})):
-        result = subprocess.run([sys.executable, "-m", "torchformer.cli.main", *argv], cwd=tmp_path,
-                                env={**env, **extra}, capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
-        assert result.returncode != 0 and "Traceback" in result.stderr, result.stderr
-        assert "good/model.safetensors" in result.stderr
+@pytest.mark.parametrize("how", list(DEBUG_LINES))
+def test_debug_shows_the_traceback(how, outcomes):
+    """--debug (or TORCHFORMER_DEBUG=1) is how a developer sees where a user error was raised: the
+    error leaves main() (a console script prints its traceback and exits 1) instead of one line."""
+    _, _, returncode, stderr, _ = outcomes[how]
+    assert returncode == "raised" and "Traceback" in stderr, (returncode, stderr)
+    assert "good/model.safetensors" in stderr
