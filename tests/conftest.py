@@ -27,3 +27,26 @@ def pytest_sessionstart(session):
     from torchformer.fast import native
 
     native.kernels()
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile through dynamo + AOT autograd ("aot_eager") instead of inductor; yields the list
+    of graphs compiled, so a test proves its compiled path ran (a compile=True that were ignored
+    would compile none). For tests of graph capture, guards and recompiles rather than inductor's
+    kernels (those: generation/test_compile.py): a cold inductor compile costs 10-60 s of CPU, this
+    one a second or two."""
+    from torchformer.generation import steps
+
+    compile_, graphs = torch.compile, []
+    aot = torch._dynamo.lookup_backend("aot_eager")
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return aot(gm, example_inputs)
+
+    monkeypatch.setattr(steps, "_COMPILED", {})  # compiled step functions made under another backend
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend=counting, **kw))
+    torch._dynamo.reset()
+    yield graphs
+    torch._dynamo.reset()

@@ -3,8 +3,8 @@
 
 Graph capture and the compiled formulation (nn.linear's multiply + sum few-row path, chosen at
 trace time) are what differ per variant, so these rows run dynamo + AOT autograd with the
-``aot_eager`` backend (seconds per model); inductor's own kernels are checked, with the
-one-graph count, in test_compile.py. Rows: the fewest grid rows that hold every value of every
+``aot_eager`` backend (tests/conftest.py's fixture; seconds per model); inductor's own kernels are
+checked, with the one-graph count, in test_compile.py. Rows: the fewest grid rows that hold every value of every
 axis at least once."""
 
 import pytest
@@ -13,7 +13,6 @@ import torch
 import torchformer as tfm
 from tests.decoding import assert_varied, distinct
 from tests.grid import AXES, VOCAB, build, params, variants
-from torchformer.generation import steps
 from torchformer.generation.generate import decode
 from torchformer.generation.request import make_request, sampling_options
 
@@ -42,24 +41,6 @@ def run(model, ids, mask, compiled: bool):
     req = make_request(model, ids, max_new_tokens=12, attention_mask=mask, eos_token_id=None, **kw)
     pairs = list(decode(model, req, GREEDY, None, compiled))
     return torch.stack([t for t, _ in pairs], 1), torch.stack([lg for _, lg in pairs], 1)  # (B, N), (B, N, V)
-
-
-@pytest.fixture
-def aot_eager(monkeypatch):
-    """torch.compile through dynamo + AOT autograd ("aot_eager"); yields the list of graphs compiled,
-    so a test proves its compiled path ran (a compile=True that were ignored would compile none)."""
-    compile_, graphs = torch.compile, []
-    aot = torch._dynamo.lookup_backend("aot_eager")
-
-    def counting(gm, example_inputs):
-        graphs.append(gm)
-        return aot(gm, example_inputs)
-
-    monkeypatch.setattr(steps, "_COMPILED", {})
-    monkeypatch.setattr(steps.torch, "compile", lambda fn, **kw: compile_(fn, backend=counting, **kw))
-    torch._dynamo.reset()
-    yield graphs
-    torch._dynamo.reset()
 
 
 def varied_inputs(v):

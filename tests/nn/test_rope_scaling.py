@@ -345,7 +345,9 @@ def test_cached_decoding_equals_the_full_forward(name, fraction):
 
 
 @pytest.mark.parametrize("name", ["yarn-partial", "longrope", "dynamic"])
-def test_compiled_decode_compiles_once_and_matches_eager(name):
+def test_compiled_decode_compiles_once_and_matches_eager(name, aot_eager):
+    """Through dynamo and AOT autograd (tests/conftest.py's aot_eager: graph capture, guards and the
+    traced formulation are what the scheme changes; inductor's kernels: generation/test_compile.py)."""
     cfg = {
         "yarn-partial": model_config(STATIC["yarn"], 64, fraction=0.5),
         "longrope": model_config(SCHEMES["longrope"][0], 64),
@@ -357,7 +359,7 @@ def test_compiled_decode_compiles_once_and_matches_eager(name):
     torch._dynamo.reset()
     counters.clear()
     compiled = tfm.generate(model, ids, attention_mask=mask, max_new_tokens=21, compile=True)  # crosses 16
-    assert counters["stats"]["unique_graphs"] == 1
+    assert counters["stats"]["unique_graphs"] == 1 and len(aot_eager) == 1
     assert sum(counters["graph_break"].values()) == 0
     assert torch.equal(compiled, tfm.generate(model, ids, attention_mask=mask, max_new_tokens=21))
 
