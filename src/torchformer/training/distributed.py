@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 STRATEGIES = ("ddp", "fsdp", "tp", "fsdp+tp")
 DEVICES = ("auto", "cpu", "cuda", "mps")
@@ -86,8 +87,6 @@ def setup(device: str, strategy: str = "ddp", tp: int = 1) -> Runtime:
     world = dist.get_world_size() if dist.is_initialized() else 1
     if "tp" not in strategy:
         return Runtime(rank=rank, world=world, device=dev)
-    from torch.distributed.device_mesh import init_device_mesh
-
     tp = world if strategy == "tp" else tp
     mesh = init_device_mesh(dev.type, (world // tp, tp), mesh_dim_names=("dp", "tp"))  # ranks dp * tp + t
     return Runtime(rank=rank // tp, world=world // tp, device=dev, tp=tp, global_rank=rank, mesh=mesh)
@@ -109,7 +108,7 @@ def wrap(objective: nn.Module, rt: Runtime, strategy: str) -> nn.Module:
     if strategy not in STRATEGIES:
         raise ValueError(f"dist.strategy={strategy!r}: must be one of {list(STRATEGIES)}")
     if rt.tp > 1:
-        from ..parallel.apply import parallelize
+        from ..parallel.apply import parallelize  # DTensor's plans: ~0.9 s of imports TP runs alone need
 
         parallelize(objective.model, rt.mesh["tp"], loss_parallel=True)  # logits stay sharded into the loss
     if rt.world == 1:
@@ -117,7 +116,7 @@ def wrap(objective: nn.Module, rt: Runtime, strategy: str) -> nn.Module:
     if strategy == "ddp":
         ids = [rt.device.index] if rt.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(objective, device_ids=ids)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard  # ~1 s of imports: FSDP runs alone pay them
 
     mesh = rt.mesh["dp"] if rt.mesh is not None else None  # None: FSDP2 over the whole group
     model = objective.model
@@ -160,7 +159,7 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: s
     names = [n for n, _ in model.named_parameters()]  # tied tensors appear once, under their first name
     if not sharded(strategy, world):
         return {n: p.detach().contiguous() for n, p in model.named_parameters()}, optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict  # ~1 s: sharded runs only
 
     full, optim = get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return {n: full[n].contiguous() for n in names if n in full}, optim
@@ -185,7 +184,7 @@ def scatter_state(model: nn.Module, optimizer, weights: dict, optim_state: dict,
     """Load whole saved state into a sharded (FSDP, TP) model; False when not sharded (caller loads)."""
     if not sharded(strategy, world):
         return False
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict  # ~1 s: sharded only
 
     set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim_state,
                    options=StateDictOptions(full_state_dict=True, strict=False))  # fmt: skip

@@ -32,6 +32,9 @@ from torch import nn
 from .. import lora
 from ..configs import ModelConfig
 from ..loading import TOKENIZER_FILE, load_any, load_tokenizer, model_config, model_kind
+from ..models.build import QUANT_LINEARS, build_model
+from ..models.quantize import DEFAULT_GROUP_SIZE, quantize
+from ..models.saving import read_config
 
 # Model fields a recipe may change on top of model.init, and why they are safe.
 SAFE = {
@@ -113,9 +116,6 @@ def _tokenizer_text(name: str) -> str | None:
 def check_quantize(scheme, group_size, lora_spec) -> int | None:
     """finetune.quantize / group_size as words and combinations (recipe time; widths: ``check``).
     Returns the group size to record: int4's default made explicit, so a checkpoint names it."""
-    from ..models.build import QUANT_LINEARS
-    from ..models.quantize import DEFAULT_GROUP_SIZE
-
     if scheme is not None and scheme not in QUANT_LINEARS:
         raise ValueError(f"finetune.quantize={scheme!r}: must be one of {sorted(QUANT_LINEARS)}, or absent (float)")
     if scheme is not None and lora_spec is None:
@@ -134,9 +134,6 @@ def check_quantize(scheme, group_size, lora_spec) -> int | None:
 def check(recipe) -> None:
     """Before any work: a quantized model.init trains only adapters; the LoRA targets exist in the
     model (built on the meta device, no weights)."""
-    from ..models.build import build_model
-    from ..models.saving import read_config
-
     spec = recipe.finetune.lora
     init = init_of(recipe)
     reference = recipe.finetune.reference
@@ -216,13 +213,9 @@ def load_init(recipe, device: torch.device, vocab_size: int) -> nn.Module | None
     new_cfg = ModelConfig.from_dict(raw)
     if new_cfg == cfg:
         return base.train()
-    from ..models.build import build_model
-
     model = build_model(new_cfg).to(device)
     q = getattr(base, "quantization", None)
     if q is not None:  # the same integer modules as the base, so its state dict fits (LoRA over them)
-        from ..models.quantize import quantize
-
         quantize(model, q.scheme, group_size=q.group_size, lm_head=q.lm_head)
     state = base.state_dict()
     for name, t in model.state_dict().items():  # a shorter max_seq_len: cut position tables
@@ -238,8 +231,6 @@ def quantize_base(model: nn.Module, scheme: str | None, group_size: int | None) 
     in QLoRA practice (transformers' bitsandbytes loading keeps lm_head unquantized)."""
     if scheme is None:
         return
-    from ..models.quantize import quantize
-
     try:
         quantize(model, scheme, group_size=group_size, lm_head=False)
     except ValueError as err:

@@ -29,6 +29,7 @@ from ..text.chat_template import ChatTemplate, TemplateRefused, load_chat_templa
 from .batches import IGNORE, Batch, generator
 from .corpus import VAL_EVERY, VAL_OFFSET
 from .data import _check_path, _lines
+from .finetune import init_of
 from .tokenizers import TextTokenizer, build_tokenizer, pretrained_tokenizer
 
 Example = tuple[np.ndarray, np.ndarray]  # (ids, labels) of one conversation
@@ -129,8 +130,6 @@ def load_template(recipe, init: str | None):
 def template_for(recipe, examples: list[dict]):
     """The chat template the examples are rendered with (None: plain prompts need none); an error
     when they hold conversations and there is none."""
-    from .finetune import init_of
-
     template = load_template(recipe, init_of(recipe))
     if template is None and any("messages" in e for e in examples):
         raise ValueError(

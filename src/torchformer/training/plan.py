@@ -26,10 +26,12 @@ from torch import nn
 
 from .. import lora as lora_room
 from ..atomic import write_file
+from ..evaluation.perplexity import text_perplexity
 from ..lora import LoRASpec
 from ..models.saving import WEIGHTS_FILE, unique_state
 from . import finetune
 from .checkpoint import ADAPTERS, STATE
+from .data import read_utf8
 
 EVAL_FILE = "eval.json"
 logger = logging.getLogger(__name__)
@@ -153,9 +155,6 @@ class Plan:
 
     def _evaluate(self, recipe, model: nn.Module, tok, out: Path) -> dict:
         """data.eval_file: strided perplexity (stride = half the context) and bits per byte."""
-        from ..evaluation.perplexity import text_perplexity
-        from .data import read_utf8
-
         seq_len = min(recipe.data.seq_len, model.config.max_seq_len)
         text = read_utf8(Path(self.eval_file))
         score = text_perplexity(model, tok, text, seq_len=seq_len, stride=max(1, seq_len // 2))

@@ -13,7 +13,11 @@ from typing import Any
 
 from .. import presets
 from ..configs import ModelConfig
+from ..lora import LoRASpec
 from ..models.sizing import check_fits_memory
+from . import preference
+from .finetune import check_init, check_quantize, check_reference
+from .optim import OPTIMIZERS
 from .recipe_files import apply_overrides, read_file
 
 TASKS = ("lm", "mlm", "seq2seq")
@@ -69,8 +73,6 @@ class Optim:
     momentum: float = 0.95  # muon: Nesterov momentum of the matrices' updates
 
     def __post_init__(self) -> None:
-        from .optim import OPTIMIZERS
-
         if self.name not in OPTIMIZERS:
             raise ValueError(f"optim.name={self.name!r}: must be one of {list(OPTIMIZERS)}")
         for key in ("lr", "muon_lr"):
@@ -135,17 +137,11 @@ class Finetune:
     reference: str | None = None  # train.objective=dpo: the reference model (default: the model as it starts)
 
     def __post_init__(self) -> None:
-        from .finetune import check_quantize
-
         object.__setattr__(self, "group_size", check_quantize(self.quantize, self.group_size, self.lora))
         if self.reference is not None:
-            from .finetune import check_reference
-
             check_reference(self.reference)
         if self.lora is None:
             return
-        from ..lora import LoRASpec
-
         allowed = {f.name for f in dataclasses.fields(LoRASpec)}
         if not isinstance(self.lora, dict) or set(self.lora) - allowed:
             bad = sorted(set(self.lora) - allowed) if isinstance(self.lora, dict) else self.lora
@@ -236,8 +232,6 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
     recipe = Recipe(name=str(raw.get("name", "default")), model=dict(model), **kwargs,
                     preference=_preference(raw.get("preference"), kwargs["train"].objective))  # fmt: skip
     if "init" in recipe.model:  # fine-tuning: only safe changes on top of the init model (finetune.py)
-        from .finetune import check_init
-
         check_init(recipe.model)
     else:  # validate model changes now (vocab_size is filled in from the tokenizer later)
         check_fits_memory(recipe.model_config(8, {}), "model")
@@ -246,8 +240,6 @@ def from_dict(raw: dict[str, Any]) -> Recipe:
 
 def _preference(section, objective) -> dict:
     """The preference section, checked against train.objective (its own keys and values)."""
-    from . import preference
-
     section = {} if section is None else section
     if objective is not None and objective not in preference.OBJECTIVES:
         raise ValueError(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require
+from .data import read_utf8
 
 # Recipes ship inside the package (package data), so a bare name works from an installed wheel too.
 RECIPES = importlib.resources.files("torchformer") / "recipes"
@@ -70,8 +71,6 @@ def read_file(path: str | Path) -> dict[str, Any]:
         )
     if p.stat().st_size > MAX_RECIPE_BYTES:
         raise ValueError(f"recipe {p}: {p.stat().st_size:,} bytes; a recipe is a few KB (at most {MAX_RECIPE_BYTES:,})")
-    from .data import read_utf8
-
     text = read_utf8(p)  # a binary file is named, with the offset of its first bad byte
     if p.suffix == ".json":
         try:

@@ -58,7 +58,7 @@ def plot_losses(metrics_file: Path, out: Path) -> Path | None:
     rows = read_metrics(metrics_file)
     if not rows:
         return None
-    try:
+    try:  # optional: the viz extra
         import matplotlib
 
         matplotlib.use("Agg")

@@ -21,20 +21,21 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed
+from safetensors.torch import save_file
 from torch import nn
 
 from ..atomic import TMP_PREFIX, publish
-from ..models.saving import CONFIG_FILE
+from ..models.saving import CONFIG_FILE, load_safetensors, read_json
 from ..models.sharded import DCP_DIR, is_sharded  # noqa: F401 (is_sharded: run_state asks here)
 from . import checkpoint as ckpt
+from . import determinism, distributed
 
 
 def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe, out: Path, model, optimizer, tok,
                rt, facts: dict) -> None:  # fmt: skip
     """run_state.save_state's sharded twin: the same state.json fields, every rank's RNG, DCP shards."""
-    from . import distributed as dist
-
-    rng = dist.gather_rng(ckpt.rng_state(rt.device), rt)  # every data-parallel rank's stream, on rank 0
+    rng = distributed.gather_rng(ckpt.rng_state(rt.device), rt)  # every data-parallel rank's stream, on rank 0
     state = {"step": step, "elapsed_s": elapsed, "seed": recipe.train.seed, "recipe": recipe.to_dict(),
              "tokenizer_kind": tok.kind, "window": list(window), "run": _with_tp(facts, rt),
              "finetune": None}  # fmt: skip
@@ -44,8 +45,6 @@ def save_state(*, step: int, elapsed: float, window: tuple[float, int], recipe, 
 
 def restore(path: Path, model: nn.Module, optimizer, rt, facts: dict) -> tuple[int, float, tuple[float, int]]:
     """run_state.restore's sharded twin: (step, elapsed seconds, running loss window)."""
-    from . import determinism
-
     saved = load_sharded(path, model, optimizer)
     state = saved["state"]
     determinism.warn_if_different(state.get("run", {}), _with_tp(facts, rt), path)
@@ -67,7 +66,7 @@ def _with_tp(facts: dict, rt) -> dict:
 def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: dict, state: dict, config: dict,
                  tokenizer_json: str, keep_last: int, is_main: bool) -> Path:  # fmt: skip
     """Checkpoint ``step`` as DCP shards; a collective: every rank calls it."""
-    import torch.distributed as dist
+    # DCP: ~1 s of CPU to import, which runs without dist.checkpoint=sharded never need
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -77,13 +76,11 @@ def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: 
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)  # a torn earlier attempt at this step
         tmp.mkdir(parents=True)
-    _barrier(dist)
+    _barrier()
     weights, optim = get_state_dict(model, optimizer)  # this rank's shards (DTensors) or whole tensors
     with _one_process_is_meant():
         dcp.save({"model": weights, "optim": optim}, checkpoint_id=str(tmp / DCP_DIR))  # rank 0 writes .metadata last
     if is_main:
-        from safetensors.torch import save_file
-
         save_file(rng, str(tmp / ckpt.RNG), metadata={"format": "pt"})
         texts = {CONFIG_FILE: json.dumps(config, indent=2), ckpt.TOKENIZER: tokenizer_json,
                  ckpt.STATE: json.dumps({**state, "format": "dcp"}, indent=1)}  # fmt: skip
@@ -95,17 +92,15 @@ def save_sharded(run_dir: Path, step: int, *, model: nn.Module, optimizer, rng: 
             shutil.rmtree(old, ignore_errors=True)
         for stale in ckpts.glob(f"{TMP_PREFIX}step_*.dcp"):  # torn by a rank killed mid-write, earlier
             shutil.rmtree(stale, ignore_errors=True)
-    _barrier(dist)
+    _barrier()
     return final
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer) -> dict:
     """Read a sharded checkpoint into ``model`` and ``optimizer`` as they are laid out now (any
     strategy and world size); returns {"state", "rng"}. A collective under a process group."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # ~1 s of imports: only sharded runs pay them
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    from ..models.saving import load_safetensors, read_json
 
     path = Path(path)
     check_fits(path, model)
@@ -120,8 +115,6 @@ def load_sharded(path: Path, model: nn.Module, optimizer) -> dict:
 def check_fits(path: Path, model: nn.Module) -> None:
     """A sharded checkpoint of another model is refused before any read: its config must be the
     model's (DCP would otherwise fail deep inside, naming one tensor)."""
-    from ..models.saving import read_json
-
     saved = read_json(Path(path) / CONFIG_FILE)
     mine = model.config.to_dict()
     if saved != mine:
@@ -137,6 +130,6 @@ def _one_process_is_meant():
         yield
 
 
-def _barrier(dist) -> None:
-    if dist.is_initialized():
-        dist.barrier()
+def _barrier() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()

@@ -22,6 +22,8 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ..extras import MissingExtra
 
 EXTRA = "trackers"
@@ -43,6 +45,8 @@ def flat(tree: dict, prefix: str = "") -> dict:
 
 class TensorBoard:
     def __init__(self, recipe: dict, out: Path) -> None:
+        # Each tracker imports its package when a run names it: they are optional (the trackers
+        # extra), and mlflow or wandb cost seconds of imports a run without them never pays.
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams
 
@@ -57,8 +61,7 @@ class TensorBoard:
         self.writer.flush()
 
     def image(self, name: str, path: Path, step: int) -> None:
-        import numpy as np
-        from PIL import Image
+        from PIL import Image  # comes with the trackers extra (tensorboard), not with torchformer
 
         self.writer.add_image(name, np.asarray(Image.open(path).convert("RGB")), step, dataformats="HWC")
 
@@ -71,7 +74,7 @@ class TensorBoard:
 
 class MLflow:
     def __init__(self, recipe: dict, out: Path) -> None:
-        from mlflow import MlflowClient
+        from mlflow import MlflowClient  # optional: the trackers extra
         from mlflow.entities import Param
 
         uri = os.environ.get("MLFLOW_TRACKING_URI") or (out / "mlruns").resolve().as_uri()
@@ -87,7 +90,7 @@ class MLflow:
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # optional (trackers extra)
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
@@ -104,7 +107,7 @@ class MLflow:
 
 class WandB:
     def __init__(self, recipe: dict, out: Path) -> None:
-        import wandb
+        import wandb  # optional: the trackers extra
 
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)  # the run's own output only
         self.run = wandb.init(mode=os.environ.get("WANDB_MODE", "offline"), dir=str(out), name=recipe["name"],
@@ -115,7 +118,7 @@ class WandB:
         self.run.log(metrics, step=step)
 
     def image(self, name: str, path: Path, step: int) -> None:
-        import wandb
+        import wandb  # optional (trackers extra)
 
         self.run.log({name: wandb.Image(str(path))}, step=step)
 

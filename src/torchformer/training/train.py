@@ -40,6 +40,7 @@ from .plan import Plan
 from .recipe import Recipe, check
 from .report import Reporter, plot_losses, read_metrics
 from .run_state import restore, save_state
+from .sample import sample_text
 from .schedules import Schedule
 from .session import Progress, Session, start
 from .validation import validate
@@ -185,8 +186,6 @@ def finish(recipe: Recipe, plan: Plan, run: Session, progress: Progress, start: 
     scored = plan.finish(recipe, model, tok, run.out) if run.rt.is_main else None
     sample = None
     if progress.sinks and t.sample_chars and recipe.data.task == "lm":  # the sample the CLI prints (Result.sample)
-        from .sample import sample_text
-
         sample = sample_text(model, tok, t.sample_prompt, t.sample_chars, temperature=t.sample_temperature,
                              seed=t.seed)  # fmt: skip
         progress.sinks.text("sample", sample)
