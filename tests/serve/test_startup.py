@@ -17,7 +17,8 @@ import torch
 import torchformer as tfm
 from tests.serve.conftest import NAME, httpx, serving, tiny_config
 
-pytestmark = pytest.mark.slow
+# One worker runs the module under xdist: its module fixtures (a child process each) are made once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("serve_startup")]
 
 
 def serve(args: list[str], env: dict | None = None, timeout: float = 90) -> subprocess.CompletedProcess:
