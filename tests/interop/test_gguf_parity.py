@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from tests.decoding import assert_varied
+from torchformer.fast import formats
 from torchformer.interop.gguf import from_gguf
 from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.nn.quant_min import Int4MinLinear
@@ -158,7 +159,8 @@ BLOCK_MODULES = {"attn_q": "attn.q_proj", "attn_k": "attn.k_proj", "attn_v": "at
 
 def test_k_quant_projections_are_our_modules_equal_to_ggufs_dequantization():
     """A Q4_K_M file (Q4_K, and Q6_K for some attn_v / ffn_down and the head): every projection is
-    Int4MinLinear (group 32) or Int8Linear (group 16) holding the file's numbers bit for bit."""
+    Int4MinLinear (group 32) or Int8Linear (group 16) holding the file's numbers bit for bit, in
+    panels with the file's two-level scales where the kernels run."""
     import gguf
 
     path = gguf_file("qwen2", "Q4_K_M")
@@ -176,6 +178,9 @@ def test_k_quant_projections_are_our_modules_equal_to_ggufs_dequantization():
         cls, group = expected_module[t.tensor_type.name]
         assert isinstance(module, cls) and module.group_size == group, (t.name, module)
         assert torch.equal(module.dequantized(), torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)))
+        if formats.ops_ready():  # the panels keep the file's two-level scales (fast/two_level.py)
+            assert module.scale.dtype == torch.int8 and module.super_scale.dtype == torch.float16, t.name
+            assert module.super_group == 256 and getattr(module, "super_min", module.super_scale) is not None
         seen.append(t.tensor_type.name)
     assert len(seen) == 1 + 7 * 2 and set(seen) == {"Q4_K", "Q6_K"}, seen
     assert getattr(model, "quantization", None) is None  # two schemes: tfm.save cannot record it as one
