@@ -37,6 +37,7 @@ def aot_eager(monkeypatch):
     kernels (those: generation/test_compile.py): a cold inductor compile costs 10-60 s of CPU, this
     one a second or two."""
     from torchformer.generation import steps
+    from torchformer.nn import flex
 
     compile_, graphs = torch.compile, []
     aot = torch._dynamo.lookup_backend("aot_eager")
@@ -47,6 +48,8 @@ def aot_eager(monkeypatch):
 
     monkeypatch.setattr(steps, "_COMPILED", {})  # compiled step functions made under another backend
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend=counting, **kw))
-    torch._dynamo.reset()
+    flex._compiled_kernel.cache_clear()  # flex's kernel is compiled once per process: not under
+    torch._dynamo.reset()  # this backend for later tests, nor inductor's in here
     yield graphs
+    flex._compiled_kernel.cache_clear()
     torch._dynamo.reset()

@@ -77,7 +77,10 @@ class Server:
 
 
 @pytest.mark.parametrize("page", ALL, ids=[p.name for p in ALL])
-def test_page_examples_run(page, tmp_path, monkeypatch, trained):
+def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager):
+    """Python blocks run in this process, torch.compile through dynamo + AOT autograd
+    (tests/conftest.py's aot_eager: the example's call runs compiled, without a cold inductor
+    compile of ~30 s of CPU; inductor's kernels: generation/test_compile.py); shell blocks in bash."""
     for what in sorted(page.needs):
         shutil.copytree(trained(what), tmp_path / NEEDS[what][1])
     monkeypatch.chdir(tmp_path)
@@ -126,4 +129,4 @@ def test_the_runner_fails_a_broken_example(tmp_path, monkeypatch, trained):
         page = tmp_path / "broken.md"
         page.write_text("# broken\n\n" + body)
         with pytest.raises(AssertionError):
-            test_page_examples_run(read(page), tmp_path, monkeypatch, trained)
+            test_page_examples_run(read(page), tmp_path, monkeypatch, trained, [])
