@@ -351,6 +351,28 @@ def torch_streamed_bytes(model) -> int:
     return total if tied else total - table.numel() * table.element_size()
 
 
+def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether the CPU advertises AMX int8 tiles (Linux; False where cpuinfo cannot be read)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "amx_int8" in flags
+
+
+# llama-cpp-python 0.3.36 built with GGML_NATIVE segfaults in ggml's AMX product
+# (ggml_backend_amx_mul_mat) on every quantized GGUF on a CPU with AMX, so there llama.cpp runs
+# without its extra buffer types (the AMX and the CPU runtime weight repacking): the binding's
+# use_extra_bufts False, llama-server's --no-repack. Elsewhere it keeps them (its faster path).
+NO_REPACK = cpu_has_amx()
+NO_REPACK_NOTE = (
+    "llama.cpp ran without its extra buffer types (no AMX and no runtime weight repacking: binding "
+    "use_extra_bufts=False, llama-server --no-repack) because this CPU has AMX and ggml's AMX product "
+    "segfaults on quantized GGUFs in this build"
+)
+
+
 class LlamaCpp:
     """llama.cpp through the binding's C API: one context with ``batch`` sequences (the high-level
     ``Llama`` class decodes one), greedy by llama.cpp's own sampler, EOS never checked."""
@@ -361,6 +383,8 @@ class LlamaCpp:
         self.L, self.threads = L, spec["threads"]
         L.llama_backend_init()
         mparams = L.llama_model_default_params()
+        if NO_REPACK:
+            mparams.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(spec["gguf"].encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {spec['gguf']}")
@@ -381,6 +405,7 @@ class LlamaCpp:
         self.note = (
             f"KV cache {kv_type_name(L, cparams.type_k)}/{kv_type_name(L, cparams.type_v)}, flash attention "
             f"{flash_attn_name(cparams)}, n_batch {cparams.n_batch}, load mode {load_mode_name(mparams)}"
+            + (f"; {NO_REPACK_NOTE}" if NO_REPACK else "")
         )
         self.bytes = 0  # filled by the parent from the GGUF file
 
@@ -834,6 +859,7 @@ def serve_format(shape: str, fmt: str, args, cache: Path, server_cmd: list[str],
     if server_cmd[0].endswith("llama-server"):
         theirs = [*server_cmd, "-m", str(gguf), "--host", "127.0.0.1", "-np", "8", "-t", str(args.threads), "-tb",
                   str(args.threads), "-c", str(8 * context), "--alias", "m", "--no-webui"]  # fmt: skip
+        theirs += ["--no-repack"] if NO_REPACK else []
         extra = {"ignore_eos": True, "cache_prompt": False}  # each request prefills its prompt, as ours does
     else:
         theirs = [*server_cmd, "--model", str(gguf), "--host", "127.0.0.1", "--n_threads", str(args.threads),
@@ -1003,7 +1029,7 @@ def run_serve(shape: str, args, skipped: dict) -> str:
     if skipped.get("llama.cpp"):
         return ""
     server_cmd, note = llama_server(args.cache)
-    notes = [note]
+    notes = [note] + ([NO_REPACK_NOTE] if NO_REPACK else [])
     if server_cmd is None:
         return f"- not run: {note}\n"
     runs = {}

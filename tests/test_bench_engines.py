@@ -65,3 +65,14 @@ def test_flags_are_checked():
         engines.parse(["--formats", "fp8"])
     args = engines.parse(["--shapes", "toy", "--formats", "int8,int4", "--rounds", "1"])
     assert args.shapes == ["toy"] and args.formats == ["int8", "int4"] and args.rounds == 1
+
+
+def test_amx_is_read_from_the_cpu_flags(tmp_path):
+    """llama.cpp runs without its extra buffer types only where the CPU has AMX (its AMX product
+    segfaults on quantized files in this build); a missing cpuinfo is no AMX."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni amx_bf16 amx_tile amx_int8\n")
+    assert engines.cpu_has_amx(str(info))
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16\nbugs\t\t: amx_int8\n")
+    assert not engines.cpu_has_amx(str(info))
+    assert not engines.cpu_has_amx(str(tmp_path / "missing"))
