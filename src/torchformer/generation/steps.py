@@ -8,6 +8,7 @@ has a fixed shape, so a compiled step sees the same shapes every token and compi
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -84,6 +85,16 @@ def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool =
 _COMPILED: dict[str, object] = {}
 
 
+def cpp_wrapper() -> bool:
+    """Whether a compiled step's host code is C++ (inductor's cpp_wrapper) instead of Python: the
+    one switch, ``TORCHFORMER_CPP_WRAPPER=1`` (default off: the measured A/B in
+    benchmarks/RESULTS.md). Read when a step kind is first compiled in a process."""
+    value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")
+    return value == "1"
+
+
 def step_function(seq2seq: bool, compiled: bool, fn=None):
     """The decode step; with ``compiled``, one torch.compile'd function per step kind with static
     shapes (dynamic=False): a new token changes no shape and no guard, so it never recompiles.
@@ -92,7 +103,9 @@ def step_function(seq2seq: bool, compiled: bool, fn=None):
     if not compiled:
         return fn
     if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True)
+        # Options only when set: a test's backend (tests/conftest.py aot_eager) takes none.
+        options = {"cpp_wrapper": True} if cpp_wrapper() else None
+        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True, options=options)
     return _COMPILED[fn.__name__]
 
 
