@@ -13,6 +13,7 @@ padding does not shift a row's positions; packed rows restart them at each docum
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -89,6 +90,20 @@ class Shared:
     no_cache: bool
     aligned: bool  # Pattern.aligned: queries and keys at the same positions
     live: Tensor | None  # Pattern.live: the cache slots any query can see (CPU cached steps)
+
+
+def run_block(block: nn.Module, x: Tensor, ctx, layer_cache, cross_kv, cross_ctx) -> Tensor:
+    return block(x, ctx, layer_cache, cross_kv, cross_ctx)
+
+
+# Under torch.compile every block runs through one nested compile region: identical layers are
+# compiled once and their code reused (issue 25: the 1B shape's first compiled step, 141 -> 98
+# CPU-s, most of it inductor's codegen of 16 copies of one layer). Layers that differ get an
+# entry each (one per distinct structure, hence the roomy limit); eager it is a plain call.
+# Inductor's cpp_wrapper cannot emit a region (NotImplementedError), so the compiled step's
+# cpp_wrapper switch (generation/steps.py, read here once at import) traces the blocks inline.
+region_block = torch.compiler.nested_compile_region(run_block, max_reuse_entries=256)
+REGIONS = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip() != "1"
 
 
 class Stack(nn.Module):
@@ -177,7 +192,8 @@ class Stack(nn.Module):
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
             cross_kv = None if memory_kv is None else memory_kv[i]
-            x = block(x, ctxs[self.layer_kind[i]], layer_cache, cross_kv, cross_ctx)
+            call = region_block if REGIONS else run_block
+            x = call(block, x, ctxs[self.layer_kind[i]], layer_cache, cross_kv, cross_ctx)
         return self.final_norm(x)
 
 

@@ -1,0 +1,31 @@
+"""Issue 25: a compiled decode step traces its blocks through one nested compile region
+(models/stack.py ``region_block``), so identical layers compile once: the step is still one graph,
+its later layers call one shared subgraph, and greedy tokens equal eager. Dynamo + AOT autograd only
+(tests/conftest.py ``aot_eager``): the graph's structure is the property under test."""
+
+import torch
+
+import torchformer as tfm
+
+
+def subgraph_calls(gm: torch.fx.GraphModule) -> list[str]:
+    """The subgraph each invoke_subgraph call of the graph runs, in order."""
+    calls = [n for n in gm.graph.nodes if n.op == "call_function" and "invoke_subgraph" in str(n.target)]
+    return [n.args[0].target for n in calls]
+
+
+def test_identical_layers_share_one_region_and_decode_as_eager(aot_eager):
+    torch.manual_seed(0)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=32, n_layers=3, max_seq_len=48)
+    model = tfm.build_model(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)  # varied greedy tokens from random weights
+    ids = torch.randint(1, 97, (1, 6))
+    eager = tfm.generate(model, ids, max_new_tokens=12)
+    assert len(set(eager[0, 6:].tolist())) >= 4
+    compiled = tfm.generate(model, ids, max_new_tokens=12, compile=True)
+    assert len(aot_eager) == 1, "the compiled step ran as one graph"
+    calls = subgraph_calls(aot_eager[0])
+    # Dynamo inlines a region's first call and reuses one subgraph for the later ones.
+    assert len(calls) == 2 and len(set(calls)) == 1, calls
+    assert torch.equal(compiled, eager)
