@@ -1,5 +1,5 @@
-"""Issue 25: a compiled decode step traces its blocks through one nested compile region
-(models/stack.py ``region_block``), so identical layers compile once: the step is still one graph,
+"""Issue 25: a compiled decode step over big layers traces its blocks through one nested compile
+region (models/stack.py ``region_block``), so identical layers compile once: the step is still one graph,
 its later layers call one shared subgraph, and greedy tokens equal eager. Dynamo + AOT autograd only
 (tests/conftest.py ``aot_eager``): the graph's structure is the property under test."""
 
@@ -18,6 +18,8 @@ def test_identical_layers_share_one_region_and_decode_as_eager(aot_eager):
     torch.manual_seed(0)
     cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=32, n_layers=3, max_seq_len=48)
     model = tfm.build_model(cfg).eval()
+    assert not model.stack.regions  # small layers are traced inline (a region costs host time per call)
+    model.stack.regions = True
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.5)  # varied greedy tokens from random weights
     ids = torch.randint(1, 97, (1, 6))
@@ -29,3 +31,16 @@ def test_identical_layers_share_one_region_and_decode_as_eager(aot_eager):
     # Dynamo inlines a region's first call and reuses one subgraph for the later ones.
     assert len(calls) == 2 and len(set(calls)) == 1, calls
     assert torch.equal(compiled, eager)
+
+
+def test_regions_from_a_layer_of_region_params_weights():
+    from torchformer.models import stack
+
+    def layer_params(d_model: int) -> tuple[int, bool]:
+        cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=d_model, n_layers=1, max_seq_len=8)
+        model = tfm.build_model(cfg)
+        return sum(p.numel() for p in model.stack.blocks[0].parameters()), model.stack.regions
+
+    small, big = layer_params(256), layer_params(1280)
+    assert small[0] < stack.REGION_PARAMS <= big[0]
+    assert (small[1], big[1]) == (False, True)

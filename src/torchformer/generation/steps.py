@@ -87,8 +87,10 @@ _COMPILED: dict[str, object] = {}
 
 def cpp_wrapper() -> bool:
     """Whether a compiled step's host code is C++ (inductor's cpp_wrapper) instead of Python: the
-    one switch, ``TORCHFORMER_CPP_WRAPPER=1`` (default off: the measured A/B in
-    benchmarks/RESULTS.md). Read when a step kind is first compiled in a process."""
+    one switch, ``TORCHFORMER_CPP_WRAPPER=1``. Default off: on the toy's one-thread step it ran
+    0.2-1 ms (of 3-5) faster in most interleaved rounds on a busy machine but slower in some, not
+    beyond that noise; same tokens. It also turns off models/stack.py's layer regions, which it
+    cannot emit. Read when a step kind is first compiled in a process."""
     value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip()
     if value not in ("0", "1"):
         raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")

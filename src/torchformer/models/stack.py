@@ -96,14 +96,19 @@ def run_block(block: nn.Module, x: Tensor, ctx, layer_cache, cross_kv, cross_ctx
     return block(x, ctx, layer_cache, cross_kv, cross_ctx)
 
 
-# Under torch.compile every block runs through one nested compile region: identical layers are
-# compiled once and their code reused (issue 25: the 1B shape's first compiled step, 141 -> 98
-# CPU-s, most of it inductor's codegen of 16 copies of one layer). Layers that differ get an
-# entry each (one per distinct structure, hence the roomy limit); eager it is a plain call.
-# Inductor's cpp_wrapper cannot emit a region (NotImplementedError), so the compiled step's
-# cpp_wrapper switch (generation/steps.py, read here once at import) traces the blocks inline.
+# Under torch.compile the blocks of a stack with big layers run through one nested compile
+# region: identical layers are compiled once and their code reused (issue 25: the 1B shape's
+# first compiled step, 141 -> 98 CPU-s, most of it inductor's codegen of 16 copies of one layer).
+# Layers that differ get an entry each (one per distinct structure, hence the roomy limit); eager
+# it is a plain call. A region adds host work per layer to each compiled call and splits fusions
+# at layer edges; on the toy's one-thread int8 step it was slower in about half of the interleaved
+# rounds (up to 1.4 ms of ~5) on a busy machine, not settled. So only layers of at least
+# REGION_PARAMS weights (Llama-3.2-1B's have 61M, the toy's 3M), whose compile is long and whose
+# step is long, use it. Inductor's cpp_wrapper cannot emit a region (NotImplementedError), so the
+# compiled step's cpp_wrapper switch (generation/steps.py, read here once at import) turns it off.
 region_block = torch.compiler.nested_compile_region(run_block, max_reuse_entries=256)
 REGIONS = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip() != "1"
+REGION_PARAMS = 16_000_000
 
 
 class Stack(nn.Module):
@@ -129,6 +134,7 @@ class Stack(nn.Module):
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
+        self.regions = bool(blocks) and sum(p.numel() for p in blocks[0].parameters()) >= REGION_PARAMS
         self.final_norm = final_norm
         self.causal, self.rope, self.score_bias, self.window = causal, rope, score_bias, window
         self.n_heads = n_heads
@@ -192,7 +198,7 @@ class Stack(nn.Module):
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
             cross_kv = None if memory_kv is None else memory_kv[i]
-            call = region_block if REGIONS else run_block
+            call = region_block if REGIONS and self.regions else run_block
             x = call(block, x, ctxs[self.layer_kind[i]], layer_cache, cross_kv, cross_ctx)
         return self.final_norm(x)
 
