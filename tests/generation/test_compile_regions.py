@@ -3,6 +3,7 @@ region (models/stack.py ``region_block``), so identical layers compile once: the
 its later layers call one shared subgraph, and greedy tokens equal eager. Dynamo + AOT autograd only
 (tests/conftest.py ``aot_eager``): the graph's structure is the property under test."""
 
+import pytest
 import torch
 
 import torchformer as tfm
@@ -44,3 +45,14 @@ def test_regions_from_a_layer_of_region_params_weights():
     small, big = layer_params(256), layer_params(1280)
     assert small[0] < stack.REGION_PARAMS <= big[0]
     assert (small[1], big[1]) == (False, True)
+
+
+def test_the_cpp_wrapper_switch_turns_regions_off_at_build(monkeypatch):
+    """Inductor's cpp_wrapper cannot emit a region: a big-layer stack built under the switch runs its
+    blocks plainly, and a bad value is refused when such a stack is built."""
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=1280, n_layers=1, max_seq_len=8)
+    monkeypatch.setenv("TORCHFORMER_CPP_WRAPPER", "1")
+    assert not tfm.build_model(cfg).stack.regions
+    monkeypatch.setenv("TORCHFORMER_CPP_WRAPPER", "yes")
+    with pytest.raises(ValueError, match=r"TORCHFORMER_CPP_WRAPPER='yes': must be 0 or 1"):
+        tfm.build_model(cfg)

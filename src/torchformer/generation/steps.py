@@ -8,12 +8,12 @@ has a fixed shape, so a compiled step sees the same shapes every token and compi
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from ..fast.compiled import cpp_wrapper
 from ..nn.kv_cache import KVCache
 from .request import Request
 
@@ -83,18 +83,6 @@ def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool =
 
 
 _COMPILED: dict[str, object] = {}
-
-
-def cpp_wrapper() -> bool:
-    """Whether a compiled step's host code is C++ (inductor's cpp_wrapper) instead of Python: the
-    one switch, ``TORCHFORMER_CPP_WRAPPER=1``. Default off: on the toy's one-thread step it ran
-    0.2-1 ms (of 3-5) faster in most interleaved rounds on a busy machine but slower in some, not
-    beyond that noise; same tokens. It also turns off models/stack.py's layer regions, which it
-    cannot emit. Read when a step kind is first compiled in a process."""
-    value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")
-    return value == "1"
 
 
 def step_function(seq2seq: bool, compiled: bool, fn=None):

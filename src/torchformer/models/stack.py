@@ -13,13 +13,13 @@ padding does not shift a row's positions; packed rows restart them at each docum
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from ..fast.compiled import cpp_wrapper
 from ..nn.attention import AttnInputs
 from ..nn.masks import padding_mask
 from ..nn.patterns import Pattern, Rule, all_of, causal, key_valid, same_document, window
@@ -105,9 +105,8 @@ def run_block(block: nn.Module, x: Tensor, ctx, layer_cache, cross_kv, cross_ctx
 # rounds (up to 1.4 ms of ~5) on a busy machine, not settled. So only layers of at least
 # REGION_PARAMS weights (Llama-3.2-1B's have 61M, the toy's 3M), whose compile is long and whose
 # step is long, use it. Inductor's cpp_wrapper cannot emit a region (NotImplementedError), so the
-# compiled step's cpp_wrapper switch (generation/steps.py, read here once at import) turns it off.
+# compiled step's cpp_wrapper switch (fast/compiled.py, read when the stack is built) turns it off.
 region_block = torch.compiler.nested_compile_region(run_block, max_reuse_entries=256)
-REGIONS = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip() != "1"
 REGION_PARAMS = 16_000_000
 
 
@@ -134,7 +133,8 @@ class Stack(nn.Module):
     ) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
-        self.regions = bool(blocks) and sum(p.numel() for p in blocks[0].parameters()) >= REGION_PARAMS
+        big = bool(blocks) and sum(p.numel() for p in blocks[0].parameters()) >= REGION_PARAMS
+        self.regions = big and not cpp_wrapper()
         self.final_norm = final_norm
         self.causal, self.rope, self.score_bias, self.window = causal, rope, score_bias, window
         self.n_heads = n_heads
@@ -195,10 +195,10 @@ class Stack(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None, memory_kv=None, cross_ctx=None) -> Tensor:
         ctxs = ctx.by_kind or (ctx,)  # a context built by hand (tests) is every layer's
+        call = region_block if self.regions else run_block
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
             cross_kv = None if memory_kv is None else memory_kv[i]
-            call = region_block if REGIONS and self.regions else run_block
             x = call(block, x, ctxs[self.layer_kind[i]], layer_cache, cross_kv, cross_ctx)
         return self.final_norm(x)
 
