@@ -1,11 +1,13 @@
 """How compiled steps are built: the one switch between inductor's Python host code and its C++
 host code (``cpp_wrapper``), read where the step is compiled (generation/steps.py) and where a
 stack decides whether its layers run through compile regions (models/stack.py), which cpp_wrapper
-cannot emit."""
+cannot emit; ``compile_step`` is how generate's and serve's decode steps are compiled."""
 
 from __future__ import annotations
 
 import os
+
+import torch
 
 
 def cpp_wrapper() -> bool:
@@ -17,3 +19,11 @@ def cpp_wrapper() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")
     return value == "1"
+
+
+def compile_step(fn):
+    """``fn`` compiled as a decode step: static shapes (a new token changes no shape and no guard,
+    so it never recompiles), one graph, the host code the switch picks. Options only when set: a
+    test's backend (tests/conftest.py aot_eager) takes none."""
+    options = {"cpp_wrapper": True} if cpp_wrapper() else None
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=options)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..fast.compiled import cpp_wrapper
+from ..fast.compiled import compile_step
 from ..nn.kv_cache import KVCache
 from .request import Request
 
@@ -93,9 +93,7 @@ def step_function(seq2seq: bool, compiled: bool, fn=None):
     if not compiled:
         return fn
     if fn.__name__ not in _COMPILED:
-        # Options only when set: a test's backend (tests/conftest.py aot_eager) takes none.
-        options = {"cpp_wrapper": True} if cpp_wrapper() else None
-        _COMPILED[fn.__name__] = torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+        _COMPILED[fn.__name__] = compile_step(fn)
     return _COMPILED[fn.__name__]
 
 

@@ -26,6 +26,7 @@ from concurrent.futures import Future
 import torch
 
 from ..evaluation.embed import embed_ids
+from ..fast.compiled import compile_step
 from ..fast.scope import packed
 from ..generation.steps import steady
 from ..models.decoder import DecoderLM
@@ -212,7 +213,7 @@ class Engine(Scheduler):
                     buckets = self.slots.bit_length() + 1  # row_bucket's 1, 2, 4, ..., slots
                     dynamo = torch._dynamo.config
                     dynamo.recompile_limit = max(dynamo.recompile_limit, buckets)
-                    self.step_fn = steady(torch.compile(decode_rows, dynamic=False, fullgraph=True), True)
+                    self.step_fn = steady(compile_step(decode_rows), True)
                 with packed(self.model, self.slots):
                     self.beat, self.ready = time.monotonic(), True
                     log.info("engine ready: %d slots, max-model-len %d", self.slots, self.context)
