@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.docs.examples import pages, shrunk
+from tests.docs.resident import Resident
+from tests.docs.shell_lines import plan
 
 VENV_BIN = Path(sys.executable).parent
 SHRINK = "train.steps=3 train.eval_every=3 train.eval_batches=1"
@@ -23,6 +25,9 @@ NEEDS = {  # what a page may start from: the shrunk main jobs, run once per sess
                 "runs/reverse"),
 }  # fmt: skip
 ALL = pages()
+# Pages whose bash blocks run as written, each `torchformer` line a process of its own, and why.
+IN_BASH = {"concepts/reproducibility.md": "its claim is that two processes write the same bytes"}
+LIMIT = 600  # s, for a block in bash or one command of the resident process
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs")]
 
@@ -76,16 +81,43 @@ class Server:
         stop(self.proc)
 
 
+def check(where: str, code: str, done) -> None:
+    assert done.returncode == 0, f"{where}\n{code}\nstdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stderr, f"{where}\n{done.stderr[-3000:]}"
+
+
+def bash(code: str, cwd: Path):
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=LIMIT)  # fmt: skip
+
+
+def run_shell_block(page, code: str, where: str, cwd: Path, resident: Resident) -> None:
+    """A bash block: its plain `torchformer` lines in the page's resident process (tests/docs/shell_lines.py
+    says which lines are plain), the others in bash; the whole block in bash where lines read one
+    at a time would not mean what they mean in the block."""
+    steps = None if page.name in IN_BASH else plan(code)
+    if steps is None or not any(step.argvs for step in steps):
+        check(where, code, bash(code, cwd))
+        return
+    for step in steps:
+        if not step.argvs:
+            check(where, step.line, bash(step.prelude + step.line, cwd))
+        for argv in step.argvs:  # `A && B`: B runs once A succeeded (a failed A fails the block)
+            check(where, step.line, resident.run(argv, cwd, env(), timeout=LIMIT))
+
+
 @pytest.mark.parametrize("page", ALL, ids=[p.name for p in ALL])
 def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager):
     """Python blocks run in this process, torch.compile through dynamo + AOT autograd
     (tests/conftest.py's aot_eager: the example's call runs compiled, without a cold inductor
-    compile of ~30 s of CPU; inductor's kernels: generation/test_compile.py); shell blocks in bash."""
+    compile of ~30 s of CPU; inductor's kernels: generation/test_compile.py); shell blocks in bash,
+    their plain `torchformer` lines in one resident process per page (tests/docs/resident.py)."""
     for what in sorted(page.needs):
         shutil.copytree(trained(what), tmp_path / NEEDS[what][1])
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     server = None
+    resident = Resident(tmp_path.parent / f"{tmp_path.name}-resident.log")
     try:
         for block in page.blocks:
             if block.skip:
@@ -102,13 +134,9 @@ def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager):
             elif block.lang == "python":
                 exec(compile(code, where, "exec"), namespace)
             else:
-                done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=tmp_path, env=env(),
-                                      capture_output=True, text=True, timeout=600)  # fmt: skip
-                assert done.returncode == 0, (
-                    f"{where}\n{code}\nstdout:\n{done.stdout[-2000:]}\nstderr:\n{done.stderr[-3000:]}"
-                )
-                assert "Traceback" not in done.stderr, f"{where}\n{done.stderr[-3000:]}"
+                run_shell_block(page, code, where, tmp_path, resident)
     finally:
+        resident.close()
         if server is not None:
             server.stop()
 

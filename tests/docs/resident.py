@@ -1,0 +1,77 @@
+"""One `torchformer` process per docs page, fed the page's plain command lines one by one
+(tests/docs/resident_main.py runs them), so that a page pays torch's import once, not once a line."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+CHILD = Path(__file__).with_name("resident_main.py")
+
+
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Resident:
+    """Started on the first call; ``close()`` ends it. ``log``: where its own stderr goes."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.replies: queue.Queue[str] = queue.Queue()
+
+    def start(self, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+        with open(self.log, "w") as log:
+            proc = subprocess.Popen([sys.executable, str(CHILD)], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+        self.replies = queue.Queue()
+        threading.Thread(target=self.read, args=(proc, self.replies), daemon=True).start()
+        return proc
+
+    @staticmethod
+    def read(proc: subprocess.Popen, replies: queue.Queue[str]) -> None:
+        for line in proc.stdout:
+            replies.put(line)
+        replies.put("")  # end of output: the process has died
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> Done:
+        """`torchformer ARGV...` in ``cwd`` with ``env`` as os.environ (variables read when torch or
+        torchformer is imported come from the first call's); the process is killed (and
+        TimeoutError raised) past ``timeout`` s."""
+        if self.proc is None:
+            self.proc = self.start(cwd, env)
+        self.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd), "env": env}) + "\n")
+        self.proc.stdin.flush()
+        try:
+            reply = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            self.close(kill=True)
+            raise TimeoutError(f"torchformer {' '.join(argv)}: no answer in {timeout} s (killed)") from None
+        if not reply:
+            self.close(kill=True)
+            raise RuntimeError(f"torchformer {' '.join(argv)}: the resident process died; its log:\n"
+                               f"{self.log.read_text()[-3000:]}")  # fmt: skip
+        answer = json.loads(reply)
+        return Done(answer["code"], answer["stdout"], answer["stderr"])
+
+    def close(self, kill: bool = False) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        try:
+            if kill:
+                proc.kill()
+            proc.stdin.close()  # the child's loop ends at end of input
+            proc.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            proc.kill()
+            proc.wait()
