@@ -105,6 +105,11 @@ def test_a_body_not_sent_in_time_is_408(model_dir, tiny):
             half.sendall(HALF)
             began = time.monotonic()
             answer = half.recv(65536)
+            while b'"request_timeout"' not in answer and time.monotonic() - began < 5:
+                more = half.recv(65536)  # headers and body may come in separate packets
+                if not more:
+                    break
+                answer += more
         assert answer.startswith(b"HTTP/1.1 408"), answer
         assert b'"request_timeout"' in answer and time.monotonic() - began < 5
         assert httpx.get(f"{url}/health").status_code == 200
