@@ -49,7 +49,7 @@ LANES = 16  # outputs per panel: one AVX-512 register of fp32
 def panels(rows: Tensor) -> Tensor:
     """rows (N, K, ...) -> (ceil(N / 16), K, 16, ...): rows 16p..16p+15 side by side per input
     index in panel p, zero-padded past N (fp32 weights here; the int8 / int4 bytes and their
-    scales in fast/formats.py)."""
+    scales in fast/quant_panels.py)."""
     N = rows.shape[0]
     padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
     padded[:N] = rows

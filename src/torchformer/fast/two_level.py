@@ -1,4 +1,4 @@
-"""Two-level group scales, GGUF's K-quant form, kept in the kernels' panels (fast/formats.py).
+"""Two-level group scales, GGUF's K-quant form, kept in the kernels' panels (fast/quant_panels.py).
 
 Legend: N out features, K in features, G inputs per group (its scale), SG inputs per super-block
 (256 in every K-quant), P = ceil(N / 16) panels.

@@ -8,7 +8,7 @@ Both are symmetric (zero maps to zero, no zero point): int8 q = round(w / s), s 
 nibble) and input j + G/2 (high nibble), so each nibble plane meets a contiguous half of the
 group's inputs. (Measured: even/odd nibbles, which meet strided inputs, made inductor's loop ~10x
 slower.) The weight is q * s; activations stay in their dtype (the CPU kernels of
-fast/formats.py, which replace these modules where they run, round them to 8 bits per block).
+fast/quant_panels.py, which replace these modules where they run, round them to 8 bits per block).
 
 Decoding reads every weight once per token, so bytes are speed (benchmarks/RESULTS.md, decode:
 535 tok/s for int8 against 224 for fp32, compiled, batch 1). Compiled, the few-row product is

@@ -8,7 +8,7 @@ w = s * u - m. The bytes, their nibble order and the scales are Int4Linear's (th
 the same packing code and panel layout); ``minimum`` (N, K / G) fp32 is the one buffer added. A
 GGUF Q4_K matrix loads into it with its numbers kept (interop/gguf/weights.py): s = d * sc and
 m = dmin * m_j per 32 inputs, both exact in fp32, and ``dequantized`` computes s * u - m as the
-``gguf`` package does, so the two agree bit for bit. The CPU kernels' twin (fast/formats.py)
+``gguf`` package does, so the two agree bit for bit. The CPU kernels' twin (fast/quant_panels.py)
 multiplies the nibbles as they are and subtracts m times the group's sum of x.
 """
 

@@ -1,0 +1,291 @@
+"""Quantized linears in the CPU kernels' layout: the int8 / int4 weights of nn/quant.py in panels.
+
+Legend: N out features, K in features, G group size, P = ceil(N / 16) panels, rows = the product
+of x's leading dims.
+
+A decode step reads every weight once, so a quantized model is only as fast as its product reads
+the integer bytes. torch's int8 / int4 weight-only CPU kernels read them at 3.6 / 5.4 GB/s for one
+row here (and only with bf16 activations); the kernels of csrc/quantized.cpp read the same bytes
+from 16-row panels and multiply them as integers, llama.cpp's way: each row of x is quantized to
+int8 per block of 32 inputs, a 64-byte line of weights meets it in one or two integer dot-product
+instructions (AVX512-VNNI where the CPU has it), and each block's sum is scaled once. So no
+prefill ever writes an fp32 copy of a matrix, and no weight is widened to fp32.
+
+The layout belongs to the CPU that runs it, so it is made at run time and never saved:
+``prepare(model)`` swaps each ``Int8Linear`` / ``Int4Linear`` for its panel twin (one copy of the
+bytes: the portable module is dropped), and a twin's state dict is the portable module's, so
+``tfm.save`` writes the same checkpoint either way. ``tfm.quantize`` and ``tfm.load`` call
+``prepare``; it does nothing where the kernels are not built (no AVX-512, no compiler,
+``TORCHFORMER_NATIVE=0``), on other devices, or for shapes the kernels do not take (K not a
+multiple of 4 for int8, a group not a multiple of 8 for int4).
+
+Numerics: the weights are exactly the reference module's (q * s). The activations are rounded to
+8 bits per block of B inputs (B = 32, or the largest power of two dividing the group, K and 32;
+scale max|x| / 127), the one approximation, as llama.cpp makes for its Q8_0 / Q4_0 products: a
+product differs from x times the dequantized weight by at most sum over blocks of (s_x / 2) times
+the block's sum of |w| (tests/fast/test_formats.py bounds it). So the kernels run only under
+``torch.no_grad`` / ``inference_mode`` (generation, serving, evaluation): grad mode (QLoRA
+training, autograd), training mode and other devices take the reference path
+(``QuantLinear.forward`` over ``dequantized()``), which unpacks the panels exactly and does not
+round the activations.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor, nn
+
+from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
+from ..nn.quant_min import Int4MinLinear
+from . import two_level
+from .native import kernels
+from .panels import LANES, panels
+
+
+@functools.cache
+def ops_ready() -> bool:
+    """Whether the format kernels are built here (and their fake kernels registered, so that
+    torch.compile traces through them as opaque calls)."""
+    if kernels() is None:
+        return False
+    torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+    return True
+
+
+def from_panels(panels: Tensor, n: int) -> Tensor:
+    """The inverse of ``panels``: (P, K', 16, ...) -> (N, K', ...)."""
+    return panels.transpose(1, 2).reshape(-1, *panels.shape[1:2], *panels.shape[3:])[:n]
+
+
+class PanelLinear(QuantLinear):
+    """A quantized linear in panels; its state dict is its portable module's (``portable()``).
+    Each twin also subclasses its portable class: it is that scheme's module, in another layout."""
+
+    cpu_product_dtypes = ()  # the panels' product is forward's own (the portable one reads qweight)
+    half_scales = True  # whether the kernel takes f16 scales (compact_scales)
+    super_group = 0  # inputs per super-scale where the scales are two-level (fast/two_level.py), else 0
+
+    def __init__(self, source: QuantLinear) -> None:
+        self.empty(source.out_features, source.in_features, getattr(source, "group_size", None), None)
+        self.fill(source)
+
+    def empty(self, n: int, k: int, group_size: int | None, bias: Tensor | None) -> None:
+        """Shapes, bias and zeroed panels (``allocate``) for an n x k weight, to be written."""
+        nn.Module.__init__(self)
+        if not ops_ready():
+            raise RuntimeError(f"{type(self).__name__}: the CPU kernels are not built here; keep {self.scheme_type()}")
+        self.out_features, self.in_features = n, k
+        self._init_bias(bias)
+        self.allocate(group_size)
+        self.register_buffer("super_scale", None, persistent=False)  # (P, K/SG, 16) f16: two-level scales only
+
+    @classmethod
+    def of(cls, source: QuantLinear) -> PanelLinear:
+        return cls(source)
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, lin: nn.Linear, group_size: int | None = None, on_block=None) -> PanelLinear:
+        """Quantized straight into panels, block by block of 16-row panels (``quantize_by_blocks``):
+        never the portable module's copy, never an fp32 matrix."""
+        twin = cls.__new__(cls)
+        twin.empty(lin.out_features, lin.in_features, group_size, lin.bias)
+        w = lin.weight.detach()
+
+        def quantize_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+            return cls.quantize_rows(rows, group_size)
+
+        quantize_by_blocks(w, quantize_rows, twin.write, multiple=LANES, on_block=on_block)
+        twin.compact_scales()
+        return twin
+
+    def allocate(self, group_size: int | None) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:  # pragma: no cover - abstract
+        """Rows ``rows`` (starting at a panel) from their signed values q (n, K) and scales."""
+        raise NotImplementedError
+
+    @classmethod
+    def scheme_type(cls) -> type[QuantLinear]:
+        """The portable class a twin also subclasses (Int8Linear for Int8Panels, ...)."""
+        return next(c for c in cls.__mro__ if issubclass(c, QuantLinear) and not issubclass(c, PanelLinear))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.training or not x.is_cpu or torch.is_grad_enabled():
+            # The reference: training error, other devices, and any product under grad mode (QLoRA
+            # trains over these modules: its forward stays exact, activations unrounded).
+            return super().forward(x)
+        rows = x.numel() // max(1, x.shape[-1])
+        out = self.product(x.reshape(rows, -1).float().contiguous())  # (rows, N) fp32
+        if self.bias is not None:
+            out = out + self.bias
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+
+    def product(self, x2: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def portable(self) -> QuantLinear:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def dequantized(self) -> Tensor:  # (N, K) float32: the reference product's weight (autograd, QLoRA)
+        return self.portable().dequantized()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self.portable()._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        source = self.portable()
+        source._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+        self.fill(source)  # repack what was loaded
+
+    def fill(self, source: QuantLinear) -> None:
+        """Every row and the bias from ``source`` (allocated already), block by block."""
+        self._init_bias(source.bias)
+        self.scale, self.super_scale, self.super_group = self.scale.float(), None, 0  # fp32, compacted again
+        for rows in row_blocks(self.out_features, self.in_features, LANES):
+            self.write(rows, *source.values(rows))
+        self.compact_scales(source)
+
+    def compact_scales(self, source: QuantLinear | None = None) -> None:
+        """Keep the scales in the file's two-level form where ``source`` carries it (GGUF's
+        K-quants, fast/two_level.py: an int8 per group under an f16 per super-block), else in f16
+        where f16 holds every one exactly (GGUF's Q8_0 / Q4_0 / Q5_0 block scales: an f16 d each):
+        the kernel widens them as it reads (csrc/quantized.cpp), so a group of 32 int8 weights reads
+        34 bytes instead of 36, of 32 int4 weights 18 instead of 20. Scales of our own quantization
+        are fp32 values and stay fp32."""
+        parts = two_level.fits(getattr(source, "scale_parts", None), self.scale, self.group_size or self.in_features)
+        if parts is not None and self.two_level_ok(source):
+            self.scale, self.super_scale = parts
+            self.super_group = source.scale_parts.size
+            return
+        if not self.half_scales:
+            return
+        half = self.scale.half()
+        if torch.equal(half.float(), self.scale):
+            self.scale = half
+
+    def two_level_ok(self, source: QuantLinear) -> bool:
+        """Whether the rest of the format takes two-level scales too (Int4MinPanels: its minimums)."""
+        return True
+
+    def full_scales(self) -> Tensor:
+        """The scales (P, K/G, 16) fp32, whatever form the panels keep them in."""
+        if self.super_scale is None:
+            return self.scale.float()
+        return two_level.expanded(self.scale, self.super_scale)
+
+    def super_args(self) -> tuple[Tensor | None, int]:
+        """The ops' (super_scale, super_group) arguments."""
+        return self.super_scale, self.super_group
+
+
+class Int8Panels(PanelLinear, Int8Linear):
+    """``Int8Linear`` as panels (P, K / 4, 16, 4) of bytes q + 128 (each 64-byte line: 4 inputs of
+    16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its scales as
+    (P, K / G, 16), G = K for one scale per row."""
+
+    def allocate(self, group_size: int | None) -> None:
+        P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
+        self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.uint8), persistent=False)
+        self.register_buffer("scale", torch.zeros(P, K // (group_size or K), LANES), persistent=False)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
+        p = rows.start // LANES
+        u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
+        block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
+        self.panels[p : p + block.shape[0]] = block
+        self.scale[p : p + block.shape[0]] = panels(scale.reshape(q.shape[0], -1))  # (p', K/G, 16)
+
+    def product(self, x2: Tensor) -> Tensor:
+        group = self.group_size or self.in_features
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, group, *self.super_args())
+
+    def portable(self) -> Int8Linear:
+        N = self.out_features
+        q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
+        scale = from_panels(self.full_scales(), N)  # (N, K/G)
+        scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
+        return Int8Linear(q, scale, self.bias, self.group_size)
+
+
+class Int4Panels(PanelLinear, Int4Linear):
+    """``Int4Linear`` as panels (P, K / 8, 16, 4) of bytes (each 64-byte line: 8 inputs of 16
+    outputs; byte i of an output's 4 holds input i (low nibble) and i + 4 (high), each q + 8) and
+    its scales as (P, K / G, 16)."""
+
+    def allocate(self, group_size: int | None) -> None:
+        P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
+        self.register_buffer("panels", torch.zeros(P, K // 8, LANES, 4, dtype=torch.uint8), persistent=False)
+        self.register_buffer("scale", torch.zeros(P, K // group_size, LANES), persistent=False)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
+        p = rows.start // LANES
+        u = (q + 8).to(torch.uint8).view(q.shape[0], -1, 2, 4)  # (n, K/8, 2, 4) in [1, 15]
+        block = panels(u[:, :, 0] | (u[:, :, 1] << 4))  # (p', K/8, 16, 4)
+        self.panels[p : p + block.shape[0]] = block
+        self.scale[p : p + block.shape[0]] = panels(scale)  # (p', K/G, 16)
+
+    def product(self, x2: Tensor) -> Tensor:
+        n, g = self.out_features, self.group_size
+        return torch.ops.torchformer.int4_mm(x2, self.panels, self.scale, n, g, *self.super_args())
+
+    def portable(self) -> Int4Linear:
+        N = self.out_features
+        b = from_panels(self.panels, N)  # (N, K/8, 4)
+        q = torch.stack([(b & 0xF).to(torch.int16) - 8, (b >> 4).to(torch.int16) - 8], dim=2).reshape(N, -1)
+        return Int4Linear.from_values(q, from_panels(self.full_scales(), N).contiguous(), self.bias, self.group_size)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", group_size={self.group_size}"
+
+
+class Int4MinPanels(Int4Panels, Int4MinLinear):
+    """``Int4MinLinear`` as Int4Panels' panels (the nibbles u, the kernel taking them without an
+    offset) and scales, plus its minimums as (P, K / G, 16): ``int4_min_mm`` subtracts each group's
+    minimum times the group's sum of x (nn/quant_min.py)."""
+
+    half_scales = False  # int4_min_mm takes fp32 or two-level scales only
+
+    def allocate(self, group_size: int | None) -> None:
+        super().allocate(group_size)
+        self.register_buffer("minimum", torch.zeros_like(self.scale), persistent=False)
+        self.register_buffer("super_min", None, persistent=False)  # (P, K/SG, 16) f16: two-level only
+
+    def fill(self, source: QuantLinear) -> None:
+        self.minimum, self.super_min = self.minimum.float(), None  # written in fp32 (compact_scales)
+        super().fill(source)
+
+    def two_level_ok(self, source: QuantLinear) -> bool:
+        """The kernel takes two-level scales with two-level minimums of the same super-block: both
+        or neither (then the minimums are fp32, as the scales)."""
+        parts = getattr(source, "minimum_parts", None)
+        found = two_level.fits(parts, self.minimum, self.group_size)
+        if found is None or parts.size != source.scale_parts.size:
+            return False
+        self.minimum, self.super_min = found
+        return True
+
+    def full_minimums(self) -> Tensor:
+        """The minimums (P, K/G, 16) fp32."""
+        return self.minimum if self.super_min is None else two_level.expanded(self.minimum, self.super_min)
+
+    def write(self, rows: slice, q: Tensor, scale: Tensor, minimum: Tensor) -> None:  # type: ignore[override]
+        super().write(rows, q, scale)
+        p, block = rows.start // LANES, panels(minimum)  # (p', K/G, 16)
+        self.minimum[p : p + block.shape[0]] = block
+
+    def product(self, x2: Tensor) -> Tensor:
+        m, n, g = self.minimum, self.out_features, self.group_size
+        sup, size = self.super_args()
+        return torch.ops.torchformer.int4_min_mm(x2, self.panels, self.scale, m, n, g, sup, self.super_min, size)
+
+    def portable(self) -> Int4MinLinear:
+        plain = super().portable()  # Int4Linear over the same nibbles and scales
+        minimum = from_panels(self.full_minimums(), self.out_features).contiguous()  # (N, K/G)
+        return Int4MinLinear(plain.qweight, plain.scale, minimum, self.bias, self.group_size)
