@@ -8,9 +8,9 @@ shared L3 and memory bus, so absolute values run high when the machine is busy).
 (CPU time of a 48-token greedy generate - that of a 16-token one) / 32, so the prompt's prefill
 cancels out. Each (system, format) runs in a process of its own (a compiled step compiles there
 once, the inductor cache shared), the systems interleaved per round, best of the rounds.
-llama.cpp loads each model without its extra buffer types (torchformer.interop.gguf.llamacpp: its
-AMX product segfaults on quantized files on a CPU with AMX), so it runs its plain CPU products
-(AVX-512 / VNNI) over the file's bytes as they are.
+On a CPU with AMX llama.cpp loads each model without its extra buffer types (engines.NO_REPACK: its
+AMX product segfaults on quantized files there), so it runs its plain CPU products (AVX-512 / VNNI)
+over the file's bytes as they are.
 
     python -m benchmarks.step_cpu --shape toy --rounds 3
     python -m benchmarks.step_cpu --shape toy --formats int8,int4 --rounds 5 --no-llama   # issue 29's rows
@@ -19,14 +19,12 @@ AMX product segfaults on quantized files on a CPU with AMX), so it runs its plai
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import subprocess
 import sys
 import time
 
 from benchmarks import engines
-from torchformer.interop.gguf.llamacpp import plain_buffers
 
 RESULT = "STEP-CPU "
 LONG, SHORT = 48, 16  # new tokens; per step = the difference over LONG - SHORT steps
@@ -64,8 +62,7 @@ def systems(
 
 def worker(runner: str, spec: dict, vocab: int, repeats: int) -> dict:
     """In the child: warm up, then the best per-step CPU ms over ``repeats`` pairs of generates."""
-    with plain_buffers() if runner == "llama.cpp" else contextlib.nullcontext():
-        engine = engines.RUNNERS[runner](spec)
+    engine = engines.RUNNERS[runner](spec)
     ids = engines.prompt_ids(1, 64, vocab)
 
     def cpu(n: int) -> float:
