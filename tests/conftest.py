@@ -9,6 +9,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+try:  # pytest >= 9 keeps a node's id as a NodeId in item._id
+    from _pytest.nodeid import NodeId
+except ImportError:  # older pytest reads item._nodeid, where xdist writes its group suffix
+    NodeId = None
+
 # One thread by default: the test models are tiny, and on a busy 2-core machine two OpenMP threads
 # spin-wait on each other (measured: the causality tests took 82 s with 2 threads, 3.5 s with 1).
 torch.set_num_threads(int(os.environ.get("TORCHFORMER_TEST_THREADS", "1")))
@@ -18,6 +23,20 @@ torch.set_num_threads(int(os.environ.get("TORCHFORMER_TEST_THREADS", "1")))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` groups by the "@group" suffix xdist 3.8 writes to item._nodeid, which
+    pytest 9 no longer reads (a node's id is item._id): without this every test was a unit of its
+    own, and a group's module or session fixture (the installed wheel, a DCP run, a straight
+    training run) was built once on each worker."""
+    if NodeId is None:
+        return
+    for item in items:
+        tagged = getattr(item, "_nodeid", None)
+        if tagged and tagged != item.nodeid:
+            item._id = NodeId.parse(tagged)
 
 
 def pytest_sessionstart(session):
