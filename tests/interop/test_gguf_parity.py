@@ -181,6 +181,7 @@ def test_k_quant_projections_are_our_modules_equal_to_ggufs_dequantization():
         if formats.ops_ready():  # the panels keep the file's two-level scales (fast/two_level.py)
             assert module.scale.dtype == torch.int8 and module.super_scale.dtype == torch.float16, t.name
             assert module.super_group == 256 and getattr(module, "super_min", module.super_scale) is not None
+            assert getattr(module, "bits", None) == {"Q6_K": 6}.get(t.tensor_type.name), t.name  # 6 bits a weight
         seen.append(t.tensor_type.name)
     assert len(seen) == 1 + 7 * 2 and set(seen) == {"Q4_K", "Q6_K"}, seen
     assert getattr(model, "quantization", None) is None  # two schemes: tfm.save cannot record it as one

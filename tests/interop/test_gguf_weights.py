@@ -1,11 +1,14 @@
 """GGUF block types read into our modules without llama.cpp: Q5_0 (what llama.cpp's quantizer
 writes where a K-quant does not fit a width) made by the ``gguf`` package's own quantizer, read by
-interop/gguf/weights.py into Int8Linear (group 32), equals gguf's dequantization bit for bit."""
+interop/gguf/weights.py into Int8Linear (group 32), and Q6_K (random super-blocks) into Int8Linear
+(group 16), each equal to gguf's dequantization bit for bit, and so are their kernel twins, which
+hold 5 / 6 bits a weight."""
 
 import numpy as np
 import pytest
 import torch
 
+from torchformer.fast import formats
 from torchformer.interop.gguf.weights import QUANTIZED_LINEARS
 from torchformer.nn.quant import Int8Linear
 
@@ -24,3 +27,35 @@ def test_q5_0_loads_into_int8_group_32_with_the_files_numbers():
     assert torch.equal(module.dequantized(), expected)
     q = module.qweight
     assert q.min() == -16 and q.max() == 15  # the fifth bit used: values past Q4_0's [-8, 7]
+    if formats.ops_ready():  # the kernels' twin holds 5 bits a weight (fast/quant_panels.py low_bits)
+        twin = formats.fits(module)(module)
+        assert twin.bits == 5 and twin.scale.dtype == torch.float16
+        assert torch.equal(twin.dequantized(), expected)
+
+
+def test_q6_k_loads_into_int8_group_16_and_runs_from_6_bits():
+    """Random Q6_K super-blocks (every byte pattern is a valid one; gguf has no Q6_K quantizer):
+    the module and its twin (6 bits a weight, two-level scales) equal gguf's dequantization."""
+    rng = np.random.default_rng(0)
+    n, k = 20, 512
+    blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    blocks[..., 208:] = (rng.standard_normal((n, k // 256, 1)) * 1e-3).astype(np.float16).view(np.uint8)  # d
+    rows = blocks.reshape(n, -1)
+    load, scheme = QUANTIZED_LINEARS["Q6_K"]
+    module = load(torch.from_numpy(rows.copy()), (n, k), None)
+    assert isinstance(module, Int8Linear) and module.group_size == 16 and scheme == "int8"
+    expected = torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType.Q6_K))
+    assert torch.equal(module.dequantized(), expected)
+    assert module.qweight.min() == -32 and module.qweight.max() == 31
+    if formats.ops_ready():
+        twin = formats.fits(module)(module)
+        assert twin.bits == 6 and twin.scale.dtype == torch.int8 and twin.super_group == 256
+        assert torch.equal(twin.dequantized(), expected)
+        x = torch.randn(2, k)
+        with torch.no_grad():
+            out = twin(x)
+        # The kernel rounds x to 8 bits per block of 16 inputs (step max|x_block| / 127): the product
+        # is off by at most half a step times each block's sum of |w| (fast/quant_panels.py).
+        step = x.view(2, -1, 16).abs().amax(-1) / 127  # (2, K/16)
+        bound = 0.5 * step @ expected.abs().view(n, -1, 16).sum(-1).T  # (2, N)
+        assert ((out - x @ expected.T).abs() <= bound * 1.001 + 1e-6).all()

@@ -5,9 +5,9 @@
 - ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
   (nn/backends.py, ``prefix_sdpa``).
 - ``torchformer::bf16_linear`` (bf16.cpp): the product over a bf16 weight as it is stored, and
-  ``torchformer::int8_mm`` / ``int4_mm`` (quantized.cpp): products over int8 / int4 weights in
-  16-row panels with the activations quantized to int8 per block (integer dot products, AVX512-VNNI
-  where the CPU has it); both in fast/quant_panels.py.
+  ``torchformer::int8_mm`` / ``int4_mm`` / ``int4_min_mm`` / ``intn_mm`` (quantized.cpp): products
+  over int8 / int4 / 5- and 6-bit weights in 16-row panels with the activations quantized to int8
+  per block (integer dot products, AVX512-VNNI where the CPU has it); both in fast/quant_panels.py.
 
 Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
 extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
 from ..nn.quant_min import Int4MinLinear
+from . import low_bits as low
 from . import two_level
 from .native import kernels
 from .panels import LANES, panels
@@ -52,6 +53,7 @@ def ops_ready() -> bool:
         return False
     torch.library.register_fake("torchformer::int8_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::intn_mm")(lambda x, w, s, n, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     return True
@@ -188,27 +190,48 @@ class PanelLinear(QuantLinear):
 class Int8Panels(PanelLinear, Int8Linear):
     """``Int8Linear`` as panels (P, K / 4, 16, 4) of bytes q + 128 (each 64-byte line: 4 inputs of
     16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its scales as
-    (P, K / G, 16), G = K for one scale per row."""
+    (P, K / G, 16), G = K for one scale per row. Where every value fits 5 or 6 bits (GGUF's Q5_0
+    and Q6_K, interop/gguf/weights.py) the panels hold that many bits a weight instead
+    (fast/low_bits.py)."""
+
+    bits = 8  # 5 or 6 where the values fit (fill): csrc's Low panels
 
     def allocate(self, group_size: int | None) -> None:
         P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
         self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.uint8), persistent=False)
         self.register_buffer("scale", torch.zeros(P, K // (group_size or K), LANES), persistent=False)
 
+    def fill(self, source: QuantLinear) -> None:
+        bits = low.low_bits(source.values(slice(None))[0], self.in_features, self.group_size or self.in_features)
+        if bits != self.bits:  # (P, K / 4, 16, 4), or (P, K / KL * lines, 16, 4) (low_lines)
+            self.bits, P, K = bits, self.panels.shape[0], self.in_features
+            lines = K // 4 if bits == 8 else K // low.LOW_INPUTS[bits] * (low.LOW_INPUTS[bits] // 8 + 1)
+            self.panels = torch.zeros(P, lines, LANES, 4, dtype=torch.uint8)
+        super().fill(source)
+
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
-        u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
-        block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
+        if self.bits == 8:
+            u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
+            block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
+        else:
+            block = panels(low.low_lines(q, self.bits))  # (p', K/KL * lines, 16, 4)
         self.panels[p : p + block.shape[0]] = block
         self.scale[p : p + block.shape[0]] = panels(scale.reshape(q.shape[0], -1))  # (p', K/G, 16)
 
     def product(self, x2: Tensor) -> Tensor:
-        group = self.group_size or self.in_features
-        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, self.out_features, group, *self.super_args())
+        group, n = self.group_size or self.in_features, self.out_features
+        if self.bits != 8:
+            return torch.ops.torchformer.intn_mm(x2, self.panels, self.scale, n, group, self.bits, *self.super_args())
+        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, n, group, *self.super_args())
 
     def portable(self) -> Int8Linear:
         N = self.out_features
-        q = (from_panels(self.panels, N).reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
+        b = from_panels(self.panels, N)  # (N, K/4, 4) or (N, K/KL * lines, 4)
+        if self.bits == 8:
+            q = (b.reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
+        else:
+            q = low.low_values(b, self.bits)  # (N, K)
         scale = from_panels(self.full_scales(), N)  # (N, K/G)
         scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
         return Int8Linear(q, scale, self.bias, self.group_size)

@@ -13,7 +13,10 @@
 // sequential stream; in a panel, each 64-byte line holds the 16 outputs' weights for a few
 // consecutive inputs, 4 bytes per output (one 32-bit lane of a register):
 //   int8: inputs k..k+3, one byte each, q + 128;
-//   int4: inputs k..k+7, byte i holding input k+i (low nibble) and k+4+i (high nibble), each q + 8.
+//   int4: inputs k..k+7, byte i holding input k+i (low nibble) and k+4+i (high nibble), each q + 8;
+//   5- / 6-bit (GGUF's Q5_0 / Q6_K values, int8 modules whose values fit): units of 32 / 16 inputs,
+//   int4's nibble lines of u = q + 16 / q + 32 followed by one line of their high bits
+//   (quantized_kernels.inc, Low): 5 / 6 bits a weight instead of int8's 8, unpacked in registers.
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
 // block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
@@ -59,6 +62,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 namespace {
 
@@ -180,7 +184,7 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   TORCH_CHECK(K % F::KL == 0 && G % F::KL == 0 && K % G == 0, name, ": K and the group must be multiples of ",
               F::KL, ", the group dividing K");
   const int64_t P = (N + LANES - 1) / LANES;
-  TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * (K / F::KL) * LINE, name,
+  TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * (K / F::KL) * F::UNIT, name,
               ": the panels do not match N and K");
   const bool two = sup.has_value();
   const bool half = scale.scalar_type() == at::kHalf;
@@ -261,6 +265,20 @@ torch::Tensor int4_min_mm(const torch::Tensor& x, const torch::Tensor& wp, const
                                                      super_group, "int4_min_mm");
 }
 
+// x (R, K) fp32; panels (P, K / KL, REGS / 2 + 1, 16, 4) uint8 of `bits` = 5 (KL 32) or 6 (KL 16)
+// bit values u = q + 2^(bits - 1) (quantized_kernels.inc, Low); scale as int8_mm's.
+torch::Tensor intn_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
+                      int64_t group, int64_t bits, const std::optional<torch::Tensor>& super_scale,
+                      int64_t super_group) {
+  TORCH_CHECK(wp.scalar_type() == at::kByte, "intn_mm: panels must be uint8");
+  TORCH_CHECK(bits == 5 || bits == 6, "intn_mm: bits must be 5 or 6, got ", bits);
+  if (bits == 5)
+    return product<plain::Int5, with_vnni::Int5>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
+                                                 super_group, "intn_mm");
+  return product<plain::Int6, with_vnni::Int6>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
+                                               super_group, "intn_mm");
+}
+
 bool has_vnni() { return vnni(); }
 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
@@ -269,11 +287,14 @@ TORCH_LIBRARY_FRAGMENT(torchformer, m) {
         "int super_group=0) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, Tensor? super_scale=None, "
         "int super_group=0) -> Tensor");
+  m.def("intn_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, int bits, Tensor? super_scale=None, "
+        "int super_group=0) -> Tensor");
   m.def("int4_min_mm(Tensor x, Tensor panels, Tensor scale, Tensor minimum, int n, int group, "
         "Tensor? super_scale=None, Tensor? super_min=None, int super_group=0) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) {
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_mm", &int4_mm);
+  m.impl("intn_mm", &intn_mm);
   m.impl("int4_min_mm", &int4_min_mm);
 }

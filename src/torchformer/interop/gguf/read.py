@@ -197,8 +197,9 @@ def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> Non
         )
     if quantized:
         kept = Counter(f.type_name(names[n]) for n, v in quantized.items() if v)
-        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0 / Q6_K: Int8Linear group 32 / 16, "
-                    "Q4_K: Int4MinLinear): %s", f.path, dict(kept))  # fmt: skip
+        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0 / Q5_0 / Q6_K: Int8Linear group "
+                    "32 / 32 / 16, run from 5 / 6 bits a weight for Q5_0 / Q6_K where the kernels are built, Q4_K: "
+                    "Int4MinLinear): %s", f.path, dict(kept))  # fmt: skip
 
 
 def _record_quantization(model: nn.Module) -> None:

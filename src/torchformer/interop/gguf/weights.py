@@ -23,7 +23,11 @@ numbers kept, so each module's dequantized weight equals gguf's bit for bit:
   u, scale d * sc_j and minimum dmin * m_j (both exact in fp32).
 Each also carries its scales' two-level form (``scale_parts`` / ``minimum_parts``, fast/two_level.py:
 the int8 sc or m per group under the f16 d or dmin per 256), which the CPU kernels' panels keep
-instead of the fp32 products (Q6_K 8.56 bits a weight instead of 10, Q4_K 4.63 instead of 6).
+instead of the fp32 products (Q4_K 4.63 bits a weight instead of 6).
+The kernels' twin of an Int8Linear whose values fit 5 or 6 bits holds that many bits a weight
+(fast/quant_panels.py ``low_bits``: int4's nibbles plus a plane of the high bits), so Q5_0 runs
+from 5.5 bits a weight (its f16 scales) and Q6_K from 6.56 (its two-level scales), as the file
+stores them, instead of int8's 8.5 / 8.56.
 Bit order, per super-block: Q4_K's qs byte 32c + i holds input 64c + i (low nibble) and 64c + 32 + i
 (high); Q6_K's ql byte 64h + i holds input 128h + i (low) and 128h + 64 + i (high), its qh byte
 32h + i bits 2j..2j+1 input 128h + 32j + i's high bits; the 12 scale bytes of Q4_K hold sc_0..3 and
