@@ -1,12 +1,15 @@
-"""Issue 25: a compiled decode step over big layers traces its blocks through one nested compile
-region (models/stack.py ``region_block``), so identical layers compile once: the step is still one graph,
-its later layers call one shared subgraph, and greedy tokens equal eager. Dynamo + AOT autograd only
-(tests/conftest.py ``aot_eager``): the graph's structure is the property under test."""
+"""Issue 25: a compiled decode step over big layers runs its blocks through one nested compile
+region (models/regions.py), so identical layers are traced once by dynamo and compiled once: the
+step is still one graph, every layer calls one shared subgraph, each layer's keys and values land
+in its own cache, and greedy tokens equal eager. Dynamo + AOT autograd only (tests/conftest.py
+``aot_eager``): the graph's structure is the property under test."""
 
 import pytest
 import torch
+from torch._dynamo.variables.invoke_subgraph import InvokeSubgraphHigherOrderVariable
 
 import torchformer as tfm
+from torchformer.generation.steps import decoder_step
 
 
 def subgraph_calls(gm: torch.fx.GraphModule) -> list[str]:
@@ -15,23 +18,61 @@ def subgraph_calls(gm: torch.fx.GraphModule) -> list[str]:
     return [n.args[0].target for n in calls]
 
 
-def test_identical_layers_share_one_region_and_decode_as_eager(aot_eager):
+@pytest.fixture
+def region_traces(monkeypatch):
+    """How many times dynamo traced a region's body (a reused subgraph is stamped out, not traced)."""
+    traced, trace = [], InvokeSubgraphHigherOrderVariable.create_wrapped_node
+
+    def counting(self, *args, **kwargs):
+        traced.append(1)
+        return trace(self, *args, **kwargs)
+
+    monkeypatch.setattr(InvokeSubgraphHigherOrderVariable, "create_wrapped_node", counting)
+    return traced
+
+
+def region_model(n_layers: int = 3):
     torch.manual_seed(0)
-    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=32, n_layers=3, max_seq_len=48)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=32, n_layers=n_layers, max_seq_len=48)
     model = tfm.build_model(cfg).eval()
     assert not model.stack.regions  # small layers are traced inline (a region costs host time per call)
     model.stack.regions = True
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.5)  # varied greedy tokens from random weights
+    return model
+
+
+def test_identical_layers_are_traced_once_and_decode_as_eager(aot_eager, region_traces):
+    model = region_model()
     ids = torch.randint(1, 97, (1, 6))
     eager = tfm.generate(model, ids, max_new_tokens=12)
     assert len(set(eager[0, 6:].tolist())) >= 4
     compiled = tfm.generate(model, ids, max_new_tokens=12, compile=True)
     assert len(aot_eager) == 1, "the compiled step ran as one graph"
     calls = subgraph_calls(aot_eager[0])
-    # Dynamo inlines a region's first call and reuses one subgraph for the later ones.
-    assert len(calls) == 2 and len(set(calls)) == 1, calls
+    assert len(calls) == 3 and len(set(calls)) == 1, calls  # every layer calls one subgraph
+    assert len(region_traces) == 1, "dynamo traced the layer body once and reused it for the others"
     assert torch.equal(compiled, eager)
+
+
+@torch.no_grad()
+def test_each_layer_writes_its_own_cache_through_the_shared_region(aot_eager):
+    """The region's body writes k/v into its inputs: the compiled step must leave every layer's
+    cache as the eager step does (not all in the first layer's, nor in a copy)."""
+    model = region_model()
+    ids = torch.randint(1, 97, (2, 5))
+    caches = [model.new_cache(2, 16) for _ in range(2)]
+    for cache in caches:
+        model.logits(ids, torch.arange(5)[None, :].expand(2, -1), None, cache)  # prefill 5 positions
+    token, pos = torch.tensor([[7], [11]]), torch.tensor([[5], [5]])
+    eager = decoder_step(model, token, pos, caches[0])
+    compiled = torch.compile(decoder_step, dynamic=False, fullgraph=True)(model, token, pos, caches[1])
+    assert len(aot_eager) == 1 and len(subgraph_calls(aot_eager[0])) == 3
+    torch.testing.assert_close(compiled, eager)
+    for layer, (a, b) in enumerate(zip(caches[0].layers, caches[1].layers)):
+        assert a.k[:, :, 5].abs().sum() > 0, f"layer {layer}: the eager step wrote slot 5"
+        torch.testing.assert_close(b.k, a.k, msg=f"layer {layer} keys")
+        torch.testing.assert_close(b.v, a.v, msg=f"layer {layer} values")
 
 
 def test_regions_from_a_layer_of_region_params_weights():

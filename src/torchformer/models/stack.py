@@ -24,6 +24,7 @@ from ..nn.attention import AttnInputs
 from ..nn.masks import padding_mask
 from ..nn.patterns import Pattern, Rule, all_of, causal, key_valid, same_document, window
 from ..nn.routing import prepare_dense
+from .regions import REGION_PARAMS, frozen_contexts, region_block, region_frozen, run_block
 
 
 class Embeddings(nn.Module):
@@ -90,24 +91,6 @@ class Shared:
     no_cache: bool
     aligned: bool  # Pattern.aligned: queries and keys at the same positions
     live: Tensor | None  # Pattern.live: the cache slots any query can see (CPU cached steps)
-
-
-def run_block(block: nn.Module, x: Tensor, ctx, layer_cache, cross_kv, cross_ctx) -> Tensor:
-    return block(x, ctx, layer_cache, cross_kv, cross_ctx)
-
-
-# Under torch.compile the blocks of a stack with big layers run through one nested compile
-# region: identical layers are compiled once and their code reused (issue 25: the 1B shape's
-# first compiled step, 141 -> 98 CPU-s, most of it inductor's codegen of 16 copies of one layer).
-# Layers that differ get an entry each (one per distinct structure, hence the roomy limit); eager
-# it is a plain call. A region adds host work per layer to each compiled call and splits fusions
-# at layer edges; on the toy's one-thread int8 step it was slower in about half of the interleaved
-# rounds (up to 1.4 ms of ~5) on a busy machine, not settled. So only layers of at least
-# REGION_PARAMS weights (Llama-3.2-1B's have 61M, the toy's 3M), whose compile is long and whose
-# step is long, use it. Inductor's cpp_wrapper cannot emit a region (NotImplementedError), so the
-# compiled step's cpp_wrapper switch (fast/compiled.py, read when the stack is built) turns it off.
-region_block = torch.compiler.nested_compile_region(run_block, max_reuse_entries=256)
-REGION_PARAMS = 16_000_000
 
 
 class Stack(nn.Module):
@@ -195,6 +178,14 @@ class Stack(nn.Module):
 
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None, memory_kv=None, cross_ctx=None) -> Tensor:
         ctxs = ctx.by_kind or (ctx,)  # a context built by hand (tests) is every layer's
+        # Big layers under torch.compile: one region traced once and reused (models/regions.py).
+        frozen = frozen_contexts(ctxs, x, cache, memory_kv) if self.regions else None
+        if frozen is not None:
+            for i, block in enumerate(self.blocks):
+                lean, pattern = frozen[self.layer_kind[i]]
+                k, v = (None, None) if cache is None else (cache.layers[i].k, cache.layers[i].v)
+                x = region_frozen(block, x, lean, pattern, k, v)
+            return self.final_norm(x)
         call = region_block if self.regions else run_block
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
