@@ -874,7 +874,7 @@ def serve_format(shape: str, fmt: str, args, cache: Path, server_cmd: list[str],
             server = group_server(cmd, port, env)
             servers[name] = (server, extra)
             server.wait_ready(ready, args.start_timeout)
-            asyncio.run(drive(server.url, "m", serve_prompts(folder), 2, 2, args, extra))  # warm-up (and compile)
+            asyncio.run(drive(server.url, "m", serve_prompts(folder), 2, 2, args, extra))  # warm-up
             log(f"serve {shape}: {name} ready")
         prompts = serve_prompts(folder)
         for r in range(args.rounds):

@@ -7,7 +7,7 @@ batches over consecutive rows, rows.py's ``prefill_batches``), then one batched 
 power of two, rows.py's ``row_bucket``). Rows
 without a request feed a dummy token whose key/value go to the hidden slot (DESIGN section 4),
 so they change nothing. Eager steps take the key slots in use, rounded up to a multiple of SPAN
-(rows.py); compiled ones every slot, one graph per row bucket for the engine's life: on the CPU, SDPA
+(rows.py); compiled ones every slot, one graph per row bucket, all made at start-up: on the CPU, SDPA
 reads only the slots some query can see either way (nn/backends.py, ``prefix_sdpa``). The
 projections' weights are packed while the engine runs (fast/panels.py: panels for the native
 kernel, else oneDNN; a second copy of the weights). A freed row is reused without clearing: the
@@ -215,6 +215,8 @@ class Engine(Scheduler):
                     dynamo.recompile_limit = max(dynamo.recompile_limit, buckets)
                     self.step_fn = steady(compile_step(decode_rows), True)
                 with packed(self.model, self.slots):
+                    if self.compile:
+                        self.compile_buckets()
                     self.beat, self.ready = time.monotonic(), True
                     log.info("engine ready: %d slots, max-model-len %d", self.slots, self.context)
                     self.loop()

@@ -34,6 +34,26 @@ class Scheduler:
     def head(self, hidden):
         return self.model.lm_head(hidden)  # (..., D) -> (..., V)
 
+    def view(self, rows: int, length: int):
+        """Rows 0..rows-1 and key slots 0..length-1 of the cache, made once per shape (rows.py)."""
+        if (rows, length) not in self.views:
+            self.views[rows, length] = rows_view(self.cache, 0, rows, length)
+        return self.views[rows, length]
+
+    def compile_buckets(self) -> None:
+        """--compile: the decode step's graph for every row bucket, made before the first request
+        (as vLLM captures its graphs at start-up), so no request waits for a compile when the
+        concurrency first reaches a new bucket. All rows are idle: their dummy keys go to the hidden
+        slot, so no row's cache changes."""
+        buckets = sorted({row_bucket(n, self.slots) for n in range(1, self.slots + 1)})
+        log.info("compiling the decode step for %s rows, once, before the first request", buckets)
+        length = self.cache.max_len
+        for n in buckets:
+            # Three tensors, as a step passes them (one tensor in two places would be guarded on).
+            ids, pos = (torch.zeros(n, 1, dtype=torch.long, device=self.device) for _ in range(2))  # (n, 1)
+            live = torch.zeros(n, 1, dtype=torch.bool, device=self.device)  # (n, 1)
+            self.step_fn(self.model, ids, pos, live, self.view(n, length))
+
     def free(self, job: Job) -> None:
         """The row is free; its cache keeps the tokens written (the last chosen one is not)."""
         self.rows[job.row] = None
@@ -165,14 +185,13 @@ class Scheduler:
             n, length = row_bucket(n, self.slots), self.cache.max_len
         else:
             length = span(max(j.pos for j in jobs), self.cache.max_len)
-        if (n, length) not in self.views:
-            self.views[n, length] = rows_view(self.cache, 0, n, length)
+        view = self.view(n, length)
         rows = self.rows[:n]
         ids = torch.tensor([[0 if j is None else j.tokens[-1]] for j in rows], device=self.device)  # (n, 1)
         pos = torch.tensor([[0 if j is None else j.pos - 1] for j in rows], device=self.device)  # (n, 1)
         live = torch.tensor([[j is not None] for j in rows], device=self.device)  # (n, 1)
         try:
-            logits = self.step_fn(self.model, ids, pos, live, self.views[n, length])  # (n, V)
+            logits = self.step_fn(self.model, ids, pos, live, view)  # (n, V)
         except Exception as err:  # noqa: BLE001 - every running request fails; the engine goes on
             for job in jobs:
                 self.fail(job, "the decode step failed", err)
