@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -72,27 +73,48 @@ def worker(runner: str, spec: dict, vocab: int, repeats: int) -> dict:
 
     cpu(LONG)  # compiles (torchformer) and faults the weights in
     best = min((cpu(LONG) - cpu(SHORT)) / (LONG - SHORT) for _ in range(repeats))
-    return {"cpu_ms": 1000 * best}
+    model = getattr(engine, "model", None)
+    return {"cpu_ms": 1000 * best, "panel_mb": panel_bytes(model) / 1e6 if runner == "torchformer" else None}
 
 
-def run_child(runner: str, spec: dict, vocab: int, repeats: int) -> float | None:
+def panel_bytes(model) -> int:
+    """Bytes the projections' kernel panels hold (weights, scales, two-level super-scales,
+    minimums): what a one-token step reads of them."""
+    from torchformer.fast.quant_panels import PanelLinear
+
+    names = ("panels", "scale", "super_scale", "minimum", "super_min")
+    total = 0
+    for module in model.modules():
+        if isinstance(module, PanelLinear):
+            found = (getattr(module, name, None) for name in names)
+            total += sum(t.numel() * t.element_size() for t in found if t is not None)
+    return total
+
+
+def run_child(runner: str, spec: dict, vocab: int, repeats: int) -> dict | None:
     args = [sys.executable, "-m", "benchmarks.step_cpu", "--child", json.dumps([runner, spec, vocab, repeats])]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT):
-            return json.loads(line[len(RESULT) :])["cpu_ms"]
+            return json.loads(line[len(RESULT) :])
     engines.log(f"{runner} failed: {proc.stderr[-2000:]}")
     return None
 
 
-def table(rows: dict[str, list[float]], pairs: list[tuple[str, str]], rounds: int) -> str:
-    lines = ["| first vs second | first (CPU ms / step) | second (CPU ms / step) | first / second time |",
-             "|---|---:|---:|---:|"]  # fmt: skip
+def table(rows: dict[str, list[float | None]], pairs: list[tuple[str, str]], rounds: int, mb: dict) -> str:
+    """Per pair: each side's best over the rounds, the best-of-rounds ratio, the median and range
+    of the per-round ratios (a round's two rows ran minutes apart at most), and the panel bytes."""
+    lines = ["| first vs second | first (CPU ms / step) | second | first / second, best | per-round ratios "
+             "(median) | panel MB a step |", "|---|---:|---:|---:|---|---:|"]  # fmt: skip
+    cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
     for first, second in pairs:
-        a, b = min(rows[first], default=None), min(rows[second], default=None)
+        a = min((v for v in rows[first] if v), default=None)
+        b = min((v for v in rows[second] if v), default=None)
         ratio = f"{a / b:.2f}x" if a and b else "-"
-        cell = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
-        lines.append(f"| {short(first)} vs {short(second)} | {cell(a)} | {cell(b)} | {ratio} |")
+        per = sorted(x / y for x, y in zip(rows[first], rows[second]) if x and y)
+        spread = f"{per[0]:.2f}-{per[-1]:.2f} ({statistics.median(per):.2f})" if per else "-"
+        size = f"{cell(mb.get(first))} vs {cell(mb.get(second))}"
+        lines.append(f"| {short(first)} vs {short(second)} | {cell(a)} | {cell(b)} | {ratio} | {spread} | {size} |")
     lines.append(f"\nbest of {rounds} interleaved round(s), each the best of 3 pairs of generates in one process")
     return "\n".join(lines)
 
@@ -119,15 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped: {missing} ({engines.INSTALL_HINT})")
         return 0
     found, pairs = systems(args.shape, args.formats.split(","), llama=not args.no_llama)
-    rows: dict[str, list[float]] = {label: [] for label, _, _ in found}
+    rows: dict[str, list[float | None]] = {label: [] for label, _, _ in found}
+    mb: dict[str, float] = {}
     vocab = engines.SHAPES[args.shape]["vocab"]
     for r in range(args.rounds):
         for label, runner, spec in found:
-            ms = run_child(runner, spec, vocab, 3)
+            got = run_child(runner, spec, vocab, 3) or {}
+            ms = got.get("cpu_ms")
             engines.log(f"round {r + 1}: {label}: {ms} CPU ms a step")
-            if ms is not None:
-                rows[label].append(ms)
-    print(table(rows, pairs, args.rounds))
+            rows[label].append(ms)  # None for a failed run: the rounds stay aligned for the ratios
+            if got.get("panel_mb") is not None:
+                mb[label] = got["panel_mb"]
+    print(table(rows, pairs, args.rounds, mb))
     return 0
 
 
