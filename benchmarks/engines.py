@@ -649,7 +649,7 @@ def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs:
             log(f"{shape} {fmt}: {name} loaded in {hello['load_s']:.1f} s, warmed up in {rows[-1]['warmup_s']:.1f} s")
         for r in range(args.rounds):
             for w, row in zip(workers, rows):  # interleaved: a slow spell of the machine hits every system
-                row["samples"].append(w.ask("measure"))
+                row["samples"].append({**w.ask("measure"), "load": os.getloadavg()[0]})
             log(f"{shape} {fmt}: round {r + 1}/{args.rounds} done")
     finally:
         for w in workers:
@@ -673,6 +673,7 @@ def cells(row: dict, batch: int) -> dict:
         "tok_s": best(per_batch, "tok_s", higher=True),
         "tokens": per_batch[0]["tokens"] if per_batch else [],
         "rss_mb": max(s["rss_mb"] for s in row["samples"]),
+        "load": min(s["load"] for s in row["samples"]),
     }
     for key in row["samples"][0]:
         if key.startswith("prefill_") and key.endswith("_ms"):
@@ -690,7 +691,7 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
         + "".join(f"prefill {p} (ms, batch 1) | " for p in long)
         + "decode tok/s | decode vs llama.cpp | "
         + "".join(f"prefill {p} vs llama.cpp | " for p in long)
-        + "MB read / step | GB/s | of bound | peak RSS (MB) | warm-up (s) |"
+        + "MB read / step | GB/s | of bound | peak RSS (MB) | warm-up (s) | load |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in args.batches:
@@ -707,7 +708,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             lines.append(
                 f"| {FORMAT_LABEL[r['format']]} | {r['system']} | {b} | {c['prefill_ms']:.0f} | {long_cells}"
                 f"{c['tok_s'] or float('nan'):.1f} | {ratio(c['tok_s'], pc['tok_s']) if pc else '-'} | {long_ratio}"
-                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {gbs / bound:.0%} | {c['rss_mb']:.0f} | {r['warmup_s']:.0f} |"
+                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {gbs / bound:.0%} | {c['rss_mb']:.0f} | {r['warmup_s']:.0f} | "
+                f"{c['load']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -1015,6 +1017,10 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         "GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens)",
         "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
         "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
+        f"load: the lowest 1-minute load average read after the row's rounds (the measured worker itself adds up "
+        f"to {args.threads}); llama.cpp's OpenMP threads spin while they wait, and its speed collapses once the load "
+        f"passes the {os.cpu_count()} CPUs (measured: 2-16 tok/s against ~200 at load ~7 on the toy F16 file), so a "
+        "row read well above that measures the machine, not the engine",
     ]
     by_note: dict[str, list[str]] = {}
     for r in rows:

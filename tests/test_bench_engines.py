@@ -34,6 +34,25 @@ def test_best_and_ratio():
     assert engines.ratio(None, 10.0) == "-"
 
 
+def test_each_row_says_the_lowest_load_its_rounds_ran_at():
+    """llama.cpp's spinning threads collapse under contention: a row shows the load it ran at, the
+    lowest over its rounds, next to its best speed."""
+
+    def row(system: str, engine: str, speeds: list[float], loads: list[float]) -> dict:
+        samples = [{"batches": {"1": {"prefill_ms": 10.0, "tok_s": v, "tokens": [1, 2]}}, "rss_mb": 100.0, "load": ld}
+                   for v, ld in zip(speeds, loads)]  # fmt: skip
+        return {"system": system, "format": "int8", "engine": engine, "bytes": 1e6, "warmup_s": 1.0, "samples": samples}
+
+    rows = [row("torchformer int8 compiled", "torchformer", [90.0, 100.0], [3.25, 1.5]),
+            row("llama.cpp Q8_0", "llama.cpp", [50.0, 200.0], [6.75, 2.5])]  # fmt: skip
+    args = engines.parse(["--batches", "1", "--prompts", "64"])
+    lines = engines.engine_table(rows, bound=10.0, args=args).splitlines()
+    assert lines[0].endswith("| load |")
+    ours, theirs = lines[2], lines[3]
+    assert ours.endswith("| 1.5 |") and "| 100.0 | 0.50x |" in ours
+    assert theirs.endswith("| 2.5 |") and "| 200.0 |" in theirs
+
+
 def test_padded_tokenizer_has_every_id_and_still_round_trips():
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import decoders, models, pre_tokenizers, trainers
