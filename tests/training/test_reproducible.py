@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from torchformer.training.checkpoint import list_checkpoints
 from torchformer.training.train import train
 
+from ..parallel.launch import _stat, family
 from .tiny import tiny_recipe, tiny_seq2seq, words_text
 
 THREADS = "2"
@@ -83,16 +84,23 @@ def finish(cmd: list[str], cwd: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def kill_after_checkpoint(cmd: list[str], cwd: Path, run: Path, step: int) -> None:
+def kill_after_checkpoint(cmd: list[str], cwd: Path, run: Path, step: int) -> list[int]:
     """Start the command and SIGKILL it as soon as checkpoint ``step`` (or a later one) is complete:
-    the process is then somewhere in the steps after it."""
+    the process is then somewhere in the steps after it. Under torchrun every rank is killed too:
+    torchrun starts each rank in a session of its own, so killing its process group alone would
+    leave the ranks to finish the run themselves, and the resume would prove nothing. Returns the
+    processes it killed besides the command's own."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)  # fmt: skip
+    ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             done = list_checkpoints(run)
             if done and int(done[-1].name.split("_")[1]) >= step:
+                ranks = family(proc.pid)[1:]
+                for pid in ranks:
+                    os.kill(pid, signal.SIGKILL)
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
             time.sleep(0.002)
@@ -102,7 +110,12 @@ def kill_after_checkpoint(cmd: list[str], cwd: Path, run: Path, step: int) -> No
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-2000:]}"
+    gone = time.monotonic() + 30
+    while any(_stat(pid) is not None for pid in ranks) and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert not [pid for pid in ranks if _stat(pid) is not None], "a rank outlived its SIGKILL"
     assert not (run / "checkpoints" / f"step_{STEPS:06d}").exists()
+    return ranks
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -178,9 +191,10 @@ def test_two_process_ddp_with_dropout_killed_and_resumed_equals_straight(tmp_pat
                 *cli(recipe, *extra)[1:]]  # fmt: skip
 
     finish(torchrun(straight), tmp_path)
-    kill_after_checkpoint(
+    ranks = kill_after_checkpoint(
         torchrun(killed), tmp_path, tmp_path / "killed", random.Random("issue-10-ddp").choice([2, 4, 6])
     )
+    assert len(ranks) == 2  # both ranks died with torchrun, none finished the run on its own
     finish(torchrun(killed, "--resume", "auto"), tmp_path)
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
     rng = load_file(str(tmp_path / "killed" / f"checkpoints/step_{STEPS:06d}" / "rng.safetensors"))
