@@ -214,34 +214,18 @@ def test_prepare_moves_a_bf16_model_onto_the_kernel_and_greedy_decoding_agrees(m
     assert formats.prepare(other) == 0 and not any(type(m) is formats.Bf16Linear for m in other.modules())
 
 
-def test_the_kernels_without_vnni_give_the_same_products(tmp_path):
-    """The copies for a CPU without AVX512-VNNI (csrc/quantized.cpp), run here through
-    TORCHFORMER_VNNI=0 in a child process: integer sums are exact either way, so the products are
-    bit-equal to this process's (the VNNI copies where the CPU has them)."""
-    import os
-    import subprocess
-    import sys
+def products():
+    """int8 and int4 (groups 32, 16) twins' products at 11 rows (tests/fast/no_vnni.py)."""
+    torch.manual_seed(1)
+    x = torch.randn(11, 128)
+    kinds = (("int8", 0), ("int4", 32), ("int4", 16))
+    sources = [portable(kind, 40, 128, group, bias=False) for kind, group in kinds]
+    return [x], [formats.fits(source)(source)(x) for source in sources]
 
-    script = (
-        "import sys, torch\n"
-        "from tests.fast.test_formats import portable\n"
-        "from torchformer.fast import formats\n"
-        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
-        "torch.manual_seed(1)\n"
-        "x = torch.randn(11, 128)\n"
-        "outs = []\n"
-        "for kind, group in (('int8', 0), ('int4', 32), ('int4', 16)):\n"
-        "    source = portable(kind, 40, 128, group, bias=False)\n"
-        "    with torch.no_grad():\n"
-        "        outs.append(formats.fits(source)(source)(x))\n"
-        "torch.save([x, outs], sys.argv[1])\n"
-    )
-    path = tmp_path / "plain.pt"
-    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
-    x, plain = torch.load(path)
-    for (kind, group), theirs in zip((("int8", 0), ("int4", 32), ("int4", 16)), plain):
-        source = portable(kind, 40, 128, group, bias=False)
-        with torch.no_grad():
-            ours = formats.fits(source)(source)(x)
-        assert torch.equal(ours, theirs), kind
+
+def test_the_kernels_without_vnni_give_the_same_products(no_vnni):
+    """The copies for a CPU without AVX512-VNNI (csrc/quantized.cpp) give this process's products
+    bit for bit (tests/fast/no_vnni.py)."""
+    from tests.fast.no_vnni import assert_same_bits
+
+    assert_same_bits("tests.fast.test_formats:products", no_vnni)

@@ -4,10 +4,6 @@ weight, whose products are bit-equal to the same values' 8-bit twin (the integer
 either way); its portable module and state dict are the source's; a state dict whose values do not
 fit widens it back to 8 bits; the copies without VNNI give the same bits."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -95,24 +91,16 @@ def test_loading_values_that_do_not_fit_widens_the_twin():
         assert torch.equal(twin(x), expected(x))
 
 
-def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
-    script = (
-        "import sys, torch\n"
-        "from tests.fast.test_quant_low_bits import CASES, source\n"
-        "from torchformer.fast import formats\n"
-        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
-        "torch.manual_seed(1)\n"
-        "xs = [torch.randn(9, c[2]) for c in CASES]\n"
-        "with torch.no_grad():\n"
-        "    twins = [formats.fits(source(*c))(source(*c)) for c in CASES]\n"
-        "    assert [t.bits for t in twins] == [c[0] for c in CASES]\n"
-        "    outs = [t(x) for t, x in zip(twins, xs)]\n"
-        "torch.save([xs, outs], sys.argv[1])\n"
-    )
-    path = tmp_path / "plain.pt"
-    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
-    xs, theirs = torch.load(path)
-    with torch.no_grad():
-        for case, x, out in zip(CASES, xs, theirs):
-            assert torch.equal(formats.fits(source(*case))(source(*case))(x), out), case
+def products():
+    """Every CASES twin's products at 9 rows, each at the bits of its values (tests/fast/no_vnni.py)."""
+    torch.manual_seed(1)
+    xs = [torch.randn(9, c[2]) for c in CASES]
+    twins = [formats.fits(source(*c))(source(*c)) for c in CASES]
+    assert [t.bits for t in twins] == [c[0] for c in CASES]
+    return xs, [t(x) for t, x in zip(twins, xs)]
+
+
+def test_the_kernels_without_vnni_give_the_same_bits(no_vnni):
+    from tests.fast.no_vnni import assert_same_bits
+
+    assert_same_bits("tests.fast.test_quant_low_bits:products", no_vnni)

@@ -4,10 +4,6 @@ times the dequantized weight, on a grid of shapes and row counts; the state dict
 one; the copies without VNNI give bit-equal products. Helpers (the rounding, the float64
 reference, its bound) are test_formats.py's."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -67,24 +63,17 @@ def test_state_dict_is_the_portable_one_and_loads_back():
     assert isinstance(twin, Int4MinLinear)
 
 
-def test_the_kernels_without_vnni_give_the_same_products(tmp_path):
+def products():
+    """A minimum-carrying int4 twin's products at 11 rows (tests/fast/no_vnni.py)."""
+    torch.manual_seed(1)
+    x = torch.randn(11, 128)
+    source = portable(40, 128, 32, bias=False, shift=0.05)
+    return [x], [formats.fits(source)(source)(x)]
+
+
+def test_the_kernels_without_vnni_give_the_same_products(no_vnni):
     """TORCHFORMER_VNNI=0 in a child process runs the copies for a CPU without AVX512-VNNI: integer
     sums are exact either way, so the products are bit-equal to this process's."""
-    script = (
-        "import sys, torch\n"
-        "from tests.fast.test_quant_min import portable\n"
-        "from torchformer.fast import formats\n"
-        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
-        "torch.manual_seed(1)\n"
-        "x = torch.randn(11, 128)\n"
-        "source = portable(40, 128, 32, bias=False, shift=0.05)\n"
-        "with torch.no_grad():\n"
-        "    torch.save([x, formats.fits(source)(source)(x)], sys.argv[1])\n"
-    )
-    path = tmp_path / "plain.pt"
-    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
-    x, theirs = torch.load(path)
-    source = portable(40, 128, 32, bias=False, shift=0.05)
-    with torch.no_grad():
-        assert torch.equal(formats.fits(source)(source)(x), theirs)
+    from tests.fast.no_vnni import assert_same_bits
+
+    assert_same_bits("tests.fast.test_quant_min:products", no_vnni)

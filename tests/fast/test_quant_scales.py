@@ -3,10 +3,6 @@ scales in f16 only where f16 holds every one exactly (GGUF's Q8_0 / Q4_0 / Q5_0 
 its products still equal the rounded x times the portable module's dequantized weight; our own
 quantization's fp32 scales stay fp32; the copies without VNNI read f16 scales bit-equally."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -47,22 +43,14 @@ def test_our_own_scales_stay_fp32(kind, group):
     assert formats.fits(source)(source).scale.dtype == torch.float32
 
 
-def test_the_kernels_without_vnni_read_f16_scales_the_same(tmp_path):
-    script = (
-        "import sys, torch\n"
-        "from tests.fast.test_quant_scales import f16_scaled\n"
-        "from torchformer.fast import formats\n"
-        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
-        "torch.manual_seed(1)\n"
-        "x = torch.randn(11, 128)\n"
-        "with torch.no_grad():\n"
-        "    outs = [f16_scaled(kind, 40, 128, 32)[1](x) for kind in ('int8', 'int4')]\n"
-        "torch.save([x, outs], sys.argv[1])\n"
-    )
-    path = tmp_path / "plain.pt"
-    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
-    x, theirs = torch.load(path)
-    with torch.no_grad():
-        for kind, out in zip(("int8", "int4"), theirs):
-            assert torch.equal(f16_scaled(kind, 40, 128, 32)[1](x), out), kind
+def products():
+    """f16-scaled int8 and int4 twins' products at 11 rows (tests/fast/no_vnni.py)."""
+    torch.manual_seed(1)
+    x = torch.randn(11, 128)
+    return [x], [f16_scaled(kind, 40, 128, 32)[1](x) for kind in ("int8", "int4")]
+
+
+def test_the_kernels_without_vnni_read_f16_scales_the_same(no_vnni):
+    from tests.fast.no_vnni import assert_same_bits
+
+    assert_same_bits("tests.fast.test_quant_scales:products", no_vnni)

@@ -4,10 +4,6 @@ int8 sub-scales under f16 super-scales, whose products are bit-equal to the same
 fp32 scales (the kernel forms d * sc exactly); parts that do not give back the fp32 scales are not
 taken; the state dict stays the portable one; the copies without VNNI give the same bits."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -105,22 +101,14 @@ def test_loading_a_state_dict_keeps_the_products_exact():
         assert torch.equal(twin(x), expected(x))
 
 
-def test_the_kernels_without_vnni_give_the_same_bits(tmp_path):
-    script = (
-        "import sys, torch\n"
-        "from tests.fast.test_quant_two_level import CASES, source\n"
-        "from torchformer.fast import formats\n"
-        "assert formats.ops_ready() and not torch.ops.torchformer.has_vnni()\n"
-        "torch.manual_seed(1)\n"
-        "xs = [torch.randn(9, k) for _, _, k, _ in CASES]\n"
-        "with torch.no_grad():\n"
-        "    outs = [formats.fits(source(*c))(source(*c))(x) for c, x in zip(CASES, xs)]\n"
-        "torch.save([xs, outs], sys.argv[1])\n"
-    )
-    path = tmp_path / "plain.pt"
-    env = {**os.environ, "TORCHFORMER_VNNI": "0"}
-    subprocess.run([sys.executable, "-c", script, str(path)], check=True, env=env, timeout=300)
-    xs, theirs = torch.load(path)
-    with torch.no_grad():
-        for case, x, out in zip(CASES, xs, theirs):
-            assert torch.equal(formats.fits(source(*case))(source(*case))(x), out), case
+def products():
+    """Every CASES twin's products at 9 rows (tests/fast/no_vnni.py)."""
+    torch.manual_seed(1)
+    xs = [torch.randn(9, k) for _, _, k, _ in CASES]
+    return xs, [formats.fits(source(*c))(source(*c))(x) for c, x in zip(CASES, xs)]
+
+
+def test_the_kernels_without_vnni_give_the_same_bits(no_vnni):
+    from tests.fast.no_vnni import assert_same_bits
+
+    assert_same_bits("tests.fast.test_quant_two_level:products", no_vnni)
