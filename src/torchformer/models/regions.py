@@ -3,7 +3,7 @@ region, so identical layers are traced and compiled once (issue 25).
 
 Dynamo reuses a region's traced subgraph for a later call only when every argument flattens to
 tensors, numbers and modules and the first trace mutated nothing it did not create (torch 2.13,
-``torch/_dynamo/variables/invoke_subgraph.py``, "subgraph_reuse"). A block's arguments break both:
+the module ``torch._dynamo.variables.invoke_subgraph``, "subgraph_reuse"). A block's arguments break both:
 the context holds a ``Pattern`` (rules are closures, not tensors) and the layer's ``LayerCache`` is
 an object, and the first layer filled the pattern's memo (``Pattern.additive``) for the others, so
 dynamo traced all 16 layers of the 1B shape (structurally equal graphs are only deduplicated after
