@@ -12,9 +12,12 @@ import torch
 
 def cpp_wrapper() -> bool:
     """Whether a compiled step's host code is C++ (inductor's cpp_wrapper) instead of Python:
-    ``TORCHFORMER_CPP_WRAPPER=1``. Default off: on the toy's one-thread step it ran 0.2-1 ms (of
-    3-5) faster in most interleaved rounds on a busy machine but slower in some, not beyond that
-    noise; same tokens. Anything but 0 or 1 is refused."""
+    ``TORCHFORMER_CPP_WRAPPER=1``. Default off, for now: on the toy's one-thread step it ran 0.2-1 ms
+    (of 3-5) faster in most interleaved rounds on a busy machine, and on a quiet one (2 threads,
+    batch 1, 5 interleaved rounds, a process per arm) it decoded int8 1.08x and int4 1.43x faster
+    (medians; same tokens), but it turns off the big layers' compile regions (models/regions.py:
+    cpp_wrapper cannot emit one), which the 1B shape's first compile needs to stay near 50 s, and
+    its C++ host code lengthens every compile. Anything but 0 or 1 is refused."""
     value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip()
     if value not in ("0", "1"):
         raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")
