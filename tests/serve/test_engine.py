@@ -369,10 +369,11 @@ def test_engine_arguments_are_checked():
 
 
 def test_row_bucket_is_the_next_power_of_two_within_the_slots():
-    from torchformer.serve.rows import row_bucket
+    from torchformer.serve.rows import row_bucket, row_buckets
 
     assert [row_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert [row_bucket(n, 5) for n in range(1, 6)] == [1, 2, 4, 4, 5]
+    assert row_buckets(8) == [1, 2, 4, 8] and row_buckets(5) == [1, 2, 4, 5] and row_buckets(1) == [1]
 
 
 @pytest.mark.slow

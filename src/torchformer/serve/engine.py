@@ -41,7 +41,7 @@ from .metrics import Metrics
 from .model_len import for_loaded
 from .prefix import Rows
 from .protocol import APIError, Params, bad, new_tokens
-from .rows import decode_rows
+from .rows import decode_rows, row_buckets
 from .scheduler import Scheduler
 from .text import Texts
 
@@ -210,9 +210,8 @@ class Engine(Scheduler):
                 self.views: dict[tuple[int, int], KVCache] = {}  # by (rows, slots)
                 self.step_fn = decode_rows
                 if self.compile:  # a few shapes for the engine's life: later calls skip the full guards
-                    buckets = self.slots.bit_length() + 1  # row_bucket's 1, 2, 4, ..., slots
                     dynamo = torch._dynamo.config
-                    dynamo.recompile_limit = max(dynamo.recompile_limit, buckets)
+                    dynamo.recompile_limit = max(dynamo.recompile_limit, len(row_buckets(self.slots)))
                     self.step_fn = steady(compile_step(decode_rows), True)
                 with packed(self.model, self.slots):
                     if self.compile:

@@ -26,6 +26,11 @@ def row_bucket(rows: int, slots: int) -> int:
     return min(slots, 1 << (rows - 1).bit_length())
 
 
+def row_buckets(slots: int) -> list[int]:
+    """Every row count a compiled decode step may run with ``slots`` rows: row_bucket's values."""
+    return sorted({row_bucket(n, slots) for n in range(1, slots + 1)})
+
+
 def rows_view(cache: KVCache, start: int, stop: int, length: int) -> KVCache:
     """Rows start..stop-1 and slots 0..length-1 of the cache, with slot ``length`` as the hidden
     slot; index_put_ through the views writes the cache in place. The hidden slot of a short view

@@ -16,7 +16,7 @@ from .groups import first_tokens
 from .jobs import Job, Prompt
 from .logprobs import step_logprobs
 from .protocol import APIError, shutting_down
-from .rows import copy_row, prefill_batches, prefill_rows, row_bucket, rows_view, span
+from .rows import copy_row, prefill_batches, prefill_rows, row_bucket, row_buckets, rows_view, span
 from .topk import argmax
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class Scheduler:
         (as vLLM captures its graphs at start-up), so no request waits for a compile when the
         concurrency first reaches a new bucket. All rows are idle: their dummy keys go to the hidden
         slot, so no row's cache changes."""
-        buckets = sorted({row_bucket(n, self.slots) for n in range(1, self.slots + 1)})
+        buckets = row_buckets(self.slots)
         log.info("compiling the decode step for %s rows, once, before the first request", buckets)
         length = self.cache.max_len
         for n in buckets:
