@@ -16,20 +16,7 @@ import time
 import torch
 
 from benchmarks import engines
-
-BUFFERS = ("panels", "scale", "super_scale", "minimum", "super_min")
-
-
-def projections(model) -> list:
-    from torchformer.fast.quant_panels import PanelLinear
-
-    return [m for m in model.modules() if isinstance(m, PanelLinear)]
-
-
-def panel_bytes(modules: list) -> int:
-    return sum(
-        t.numel() * t.element_size() for m in modules for t in (getattr(m, n, None) for n in BUFFERS) if t is not None
-    )
+from benchmarks.step_cpu import panel_bytes, projections
 
 
 def models() -> dict:

@@ -73,22 +73,25 @@ def worker(runner: str, spec: dict, vocab: int, repeats: int) -> dict:
 
     cpu(LONG)  # compiles (torchformer) and faults the weights in
     best = min((cpu(LONG) - cpu(SHORT)) / (LONG - SHORT) for _ in range(repeats))
-    model = getattr(engine, "model", None)
-    return {"cpu_ms": 1000 * best, "panel_mb": panel_bytes(model) / 1e6 if runner == "torchformer" else None}
+    mb = panel_bytes(projections(engine.model)) / 1e6 if runner == "torchformer" else None
+    return {"cpu_ms": 1000 * best, "panel_mb": mb}
 
 
-def panel_bytes(model) -> int:
-    """Bytes the projections' kernel panels hold (weights, scales, two-level super-scales,
-    minimums): what a one-token step reads of them."""
+PANEL_BUFFERS = ("panels", "scale", "super_scale", "minimum", "super_min")
+
+
+def projections(model) -> list:
+    """The model's projections in the kernels' panels (fast/quant_panels.py)."""
     from torchformer.fast.quant_panels import PanelLinear
 
-    names = ("panels", "scale", "super_scale", "minimum", "super_min")
-    total = 0
-    for module in model.modules():
-        if isinstance(module, PanelLinear):
-            found = (getattr(module, name, None) for name in names)
-            total += sum(t.numel() * t.element_size() for t in found if t is not None)
-    return total
+    return [m for m in model.modules() if isinstance(m, PanelLinear)]
+
+
+def panel_bytes(modules) -> int:
+    """Bytes the projections' kernel panels hold (weights, scales, two-level super-scales,
+    minimums): what a one-token step reads of them."""
+    found = (getattr(m, name, None) for m in modules for name in PANEL_BUFFERS)
+    return sum(t.numel() * t.element_size() for t in found if t is not None)
 
 
 def run_child(runner: str, spec: dict, vocab: int, repeats: int) -> dict | None:
