@@ -168,8 +168,26 @@ class Int8Linear(QuantLinear):
 
     def cpu_product(self, x2: Tensor) -> Tensor:
         """x2 (rows, K) bf16 against the int8 weight by torch's int8 weight-only kernel: each row of
-        weights is converted as it is read, never a float copy of the matrix (what a prefill did)."""
-        return torch._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scale.to(x2.dtype))  # (rows, N)
+        weights is converted as it is read, never a float copy of the matrix (what a prefill did).
+        Compiled, through ``int8_weight_mm`` (inductor's own lowering fails in a compile region)."""
+        product = int8_weight_mm if torch.compiler.is_compiling() else torch._weight_int8pack_mm
+        return product(x2.contiguous(), self.qweight, self.scale.to(x2.dtype))  # (rows, N)
+
+
+@torch.library.custom_op("torchformer::int8_weight_mm", mutates_args=())
+def int8_weight_mm(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    """torch's ``_weight_int8pack_mm`` as an opaque op for compiled steps. Inductor lowers the aten
+    op to the same library call, but inside a nested compile region (models/regions.py: the big
+    layers of a compiled step) that lowering fails on an input it has not materialized (torch 2.13:
+    "LoweringException: AssertionError: <class 'torch._inductor.ir.Pointwise'>"; a decode batch of
+    more than COMPILED_ROWS rows on a CPU without the project's kernels, issue 25); a custom op's
+    inputs are materialized first."""
+    return torch._weight_int8pack_mm(x, qweight, scale)  # (rows, N)
+
+
+@int8_weight_mm.register_fake
+def _(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
+    return x.new_empty((x.shape[0], qweight.shape[0]))
 
 
 class Int4Linear(QuantLinear):
