@@ -11,6 +11,8 @@ from torchformer.fast.scope import packed
 from torchformer.nn.head import LMHead
 from torchformer.nn.linear import Linear
 
+from .built import built_kernels
+
 KINDS = ["panel", "onednn"]
 
 
@@ -18,7 +20,7 @@ KINDS = ["panel", "onednn"]
 def kind(request, monkeypatch):
     """Run a test with each packed form: the panel kernel, and oneDNN (the kernel made unavailable)."""
     if request.param == "panel":
-        assert P.kernels() is not None, "the panel kernel did not build on this machine (see the log)"
+        built_kernels()
     else:
         monkeypatch.setattr(P, "kernels", lambda: None)
     return request.param
@@ -104,7 +106,8 @@ def test_compiled_products_go_through_the_packed_copy(kind):
     finally:
         torch._dynamo.reset()
     assert len(graphs) == len(row_counts)
-    panel_ops = [sum(t is torch.ops.torchformer.panel_linear for t in g) for g in graphs]
+    op = getattr(torch.ops.torchformer, "panel_linear", None)  # registered only where the kernels built
+    panel_ops = [sum(op is not None and t is op for t in g) for g in graphs]
     assert panel_ops == ([2] * len(row_counts) if kind == "panel" else [0] * len(row_counts))
 
 
@@ -115,7 +118,7 @@ def test_panel_kernel_equals_the_product_for_any_shape(n, k, rows):
     (partial sums kept in the output), K of 1, every row-group size."""
     g = torch.Generator().manual_seed(n * 1000 + k + rows)
     w, x = torch.randn(n, k, generator=g), torch.randn(rows, k, generator=g)
-    out = P.kernels().panel_mm(x, P.panels(w), n)
+    out = built_kernels().panel_mm(x, P.panels(w), n)
     torch.testing.assert_close(out, (x.double() @ w.double().t()).float(), rtol=1e-5, atol=1e-5)
 
 

@@ -2,7 +2,9 @@
 llama.cpp with our logits and greedy tokens, and reads back as the same model.
 
 Tolerances as in test_gguf_parity.py: the file's numbers are shared; llama.cpp rounds activations
-to f16 for F16 products (2e-3) and to 8 bits per block for Q8_0 / Q4_0 products (0.1)."""
+to f16 for F16 products (test_gguf_parity.py's FLOAT_TOL, 5e-3: qwen3 measured 2.1e-3 on an AVX2
+CPU, whose ggml F16 path is not its AVX-512 one, past the 2e-3 this file had) and to 8 bits per
+block for Q8_0 / Q4_0 products (0.1)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torchformer.interop.gguf.tokenizer import chat_template_from_gguf, tokenize
 from torchformer.nn.quant import Int4Linear
 
 from .gguf_llamacpp import CHAT, TEXTS, hf_folder, llama_greedy, llama_logits, llama_tokenize, need_llama_cpp
+from .test_gguf_parity import FLOAT_TOL
 
 # One xdist worker makes the GGUF files once (a conversion takes ~15 s).
 pytestmark = pytest.mark.xdist_group("gguf")
@@ -53,7 +56,7 @@ def test_llama_cpp_runs_our_export(tmp_path, family):
     need_llama_cpp()
     model, tok = source(family)
     f16 = to_gguf(model, tmp_path / "f16.gguf", dtype="f16", tokenizer=tok)
-    assert (logits(from_gguf(f16), IDS) - llama_logits(f16, IDS)).abs().max() < 2e-3
+    assert (logits(from_gguf(f16), IDS) - llama_logits(f16, IDS)).abs().max() < FLOAT_TOL["F16"]
     ours = []
     back, ids = from_gguf(f16), list(IDS[:4])
     for _ in range(32):

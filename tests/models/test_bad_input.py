@@ -32,7 +32,9 @@ ENTRY_POINTS = ["decoder", "encoder", "encoder_decoder.src", "encoder_decoder.tg
 
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
-@pytest.mark.parametrize("ids", [torch.rand(2, 5), torch.ones(2, 5, dtype=torch.bool), [[1, 2, 3]]], ids=str)
+@pytest.mark.parametrize(
+    "ids", [torch.rand(2, 5), torch.ones(2, 5, dtype=torch.bool), [[1, 2, 3]]], ids=["float", "bool", "list"]
+)  # named ids: a random tensor's text would differ between xdist workers that seeded differently
 def test_non_integer_ids_are_a_type_error(models, entry, ids):
     with pytest.raises(TypeError, match="ids"):
         calls(models, ids)[entry]()

@@ -12,6 +12,12 @@ log-sum-exp): on CPU the forward runs the compiled kernel and the backward is
 ``flex_grad.tiled_backward``, the FlashAttention-2 backward over the query tiles and key blocks
 the block mask says are visible, O(T) memory. On CUDA FlexAttention's own backward runs.
 
+On CPU the kernel runs on lengths padded to whole 128-blocks (the padded keys masked out, the
+padded queries' rows dropped): torch 2.13's compiled CPU kernel gave wrong rows, even NaN, for some
+lengths below a block on a CPU without AVX-512 (measured on an AVX2 EPYC: causal B=3, T=S=40, the
+last batch row off by 1.8; T=300, S=40 off by 0.75; T=S=127 or 168 right). A block holds its tail
+either way, so padding adds no block to visit.
+
 Legend: B batch, H query heads, K kv heads, T queries, S keys, E head dim.
 """
 
@@ -24,6 +30,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .backends import dense_fallback
@@ -32,6 +39,7 @@ from .patterns import Pattern, Rule, from_dense
 
 BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
 _STATE = {"compiled": True}
+WHOLE_BLOCKS = frozenset({"cpu"})  # device types whose kernel runs on lengths padded to blocks (docstring)
 
 
 def _triton_reason() -> str | None:
@@ -105,6 +113,8 @@ class FlexBlocks:
 
     block_mask: object
     visible: Tensor
+    lengths: tuple[int, int] = (0, 0)  # (T, S) of the pattern
+    padded: tuple[int, int] = (0, 0)  # (T, S) the block mask is built for: whole blocks on CPU
 
     @property
     def spans(self) -> list[list[int]]:
@@ -138,11 +148,17 @@ def build_blocks(pattern: Pattern) -> FlexBlocks:
         partial.append(some & ~every)
         full.append(every)
     partial_t, full_t = torch.stack(partial, 1)[:, None], torch.stack(full, 1)[:, None]  # (B, 1, nQ, nK)
-    mask_mod = pattern.mask if pattern.mask is not None else (lambda b, h, q, kv: q >= 0)
+    padded = (nQ * BLOCK, nK * BLOCK) if dev.type in WHOLE_BLOCKS else (T, S)
+    if padded == (T, S):
+        mask_mod = pattern.mask if pattern.mask is not None else (lambda b, h, q, kv: q >= 0)
+    elif pattern.mask is None:
+        mask_mod = lambda b, h, q, kv: kv < S  # noqa: E731
+    else:  # the rule reads real positions only; a padded key is never visible
+        mask_mod = lambda b, h, q, kv: (kv < S) & pattern.mask(b, h, q.clamp(max=T - 1), kv.clamp(max=S - 1))  # noqa: E731
     block_mask = BlockMask.from_kv_blocks(
-        *_ordered(partial_t), *_ordered(full_t), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=(T, S)
+        *_ordered(partial_t), *_ordered(full_t), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=padded
     )
-    return FlexBlocks(block_mask, (partial_t | full_t).any(0)[0])  # visible: (nQ, nK)
+    return FlexBlocks(block_mask, (partial_t | full_t).any(0)[0], (T, S), padded)  # visible: (nQ, nK)
 
 
 def score_mod(bias: Rule | None, softcap: float | None):
@@ -156,14 +172,28 @@ def score_mod(bias: Rule | None, softcap: float | None):
     return lambda s, b, h, q, kv: softcap * torch.tanh(s / softcap) + bias(b, h, q, kv)
 
 
+def run(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, blocks: FlexBlocks, scale: float, softcap: float | None):
+    """The kernel over ``blocks``: on lengths padded to the block mask's (CPU, module docstring),
+    the bias read at real positions only, the padded queries' rows dropped. (B, H, T, E)."""
+    (T, S), (Tp, Sp) = blocks.lengths, blocks.padded
+    bias = pattern.bias
+    if (Tp, Sp) != (T, S):
+        q, k, v = F.pad(q, (0, 0, 0, Tp - T)), F.pad(k, (0, 0, 0, Sp - S)), F.pad(v, (0, 0, 0, Sp - S))
+        if bias is not None:
+            real = bias
+            bias = lambda b, h, qi, kv: real(b, h, qi.clamp(max=T - 1), kv.clamp(max=S - 1))  # noqa: E731
+    out = kernel(q, k, v, score_mod=score_mod(bias, softcap), block_mask=blocks.block_mask, scale=scale,
+                 enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+    return out if Tp == T else out[:, :, :T].contiguous()
+
+
 class _FlexFunction(torch.autograd.Function):
     """Compiled flex forward, tiled FlashAttention-2 backward (flex_grad.py)."""
 
     @staticmethod
     def forward(ctx, q, k, v, pattern, blocks, scale, softcap, *params):
         with torch.no_grad():  # the kernel refuses inputs that require grad on CPU
-            out = kernel(q.detach(), k.detach(), v.detach(), score_mod=score_mod(pattern.bias, softcap),
-                         block_mask=blocks.block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+            out = run(q.detach(), k.detach(), v.detach(), pattern, blocks, scale, softcap)
         ctx.save_for_backward(q, k, v, out)
         ctx.args = (pattern, blocks, scale, softcap, len(params))
         return out
@@ -202,9 +232,7 @@ def flex_attention(
     params = tuple(p for p in pattern.params if p.requires_grad)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or params):
         if not q.is_cpu:  # CUDA: FlexAttention's own (Triton) backward; not run in this repo's CI
-            return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask,
-                          scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+            return run(q, k, v, pattern, blocks, scale, softcap)
         return _FlexFunction.apply(q, k, v, pattern, blocks, scale, softcap, *params)
     with torch.no_grad():  # nothing needs a gradient: one compiled variant, as in the training forward
-        return kernel(q, k, v, score_mod=score_mod(pattern.bias, softcap), block_mask=blocks.block_mask,
-                      scale=scale, enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+        return run(q, k, v, pattern, blocks, scale, softcap)
