@@ -12,7 +12,7 @@ EXTRAS ?= dev,bench,gguf,engines
 # run, the docs' shrunk demos) are kept on one worker by their xdist_group (--dist loadgroup).
 TEST_WORKERS ?= 2
 
-.PHONY: install test test-native-off demo lint bench bench-engines clean browser docs
+.PHONY: install prepare test test-native-off demo lint bench bench-engines clean browser docs
 
 install: $(STAMP)
 
@@ -21,7 +21,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q --upgrade pip
 	CMAKE_ARGS="$(ENGINES_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 	  $(BIN)/pip install -q -c constraints.txt -e ".[$(EXTRAS)]"
+	$(MAKE) --no-print-directory prepare
 	touch $(STAMP)
+
+# What the first run or test would otherwise stop to make, made once at install (issue 33: on a
+# fresh clone the first test to need them waited ~40-130 s, with the other worker idle or slowed):
+# the native CPU kernels (fast/native.py; where they cannot build, the library paths run, so a
+# failed build does not fail the install) and llama.cpp's converter source (the llama-cpp-python
+# sdist's vendored tree, which the GGUF tests convert with; benchmarks/engines.py llama_source).
+prepare:
+	$(BIN)/torchformer kernels build || echo "the CPU kernels did not build: the library paths will run"
+	$(BIN)/python -c "from benchmarks.engines import CACHE, llama_source; print('llama.cpp source:', llama_source(CACHE))"
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests

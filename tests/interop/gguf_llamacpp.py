@@ -3,7 +3,8 @@ downloaded) converted to GGUF by llama.cpp's own convert_hf_to_gguf.py (from the
 sdist, found or fetched by benchmarks/engines.py) and quantized by llama_model_quantize; and
 llama.cpp's own logits, greedy tokens and tokenization through llama-cpp-python.
 
-Files are made once per process into a temporary folder (a model is ~1 MB; conversion ~15 s).
+Files are made once per process into a temporary folder (a model is ~1 MB), by one converter
+process per test process (Converter).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.engines import CACHE, CONVERT, byte_level_bpe, llama_source
+from benchmarks.engines import CACHE, byte_level_bpe, llama_source
 from torchformer.interop.gguf.llamacpp import plain_buffers
 
 ROOT = Path(tempfile.mkdtemp(prefix="tfm-gguf-"))
@@ -133,13 +134,8 @@ HEAD_SCALE = {"gptneox": 0.1, "qwen2moe": 0.2, "qwen3moe": 0.2}
 HEAD_SCALE.update(dict.fromkeys(["llama", "llama-tied", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "phi3-long"], 0.3))
 CONFIG_JSON = {"gptneox": {"rotary_pct": 0.25}}
 # The converter reads hparams through transformers' AutoConfig.to_dict(), which drops names
-# transformers 5 renamed: this one also takes config.json's keys the dict lacks.
-CONVERT_RAW_KEYS = CONVERT.replace(
-    "from conversion import base\n",
-    "from conversion import base\nimport json\nhp = base.ModelBase.load_hparams\n"
-    "base.ModelBase.load_hparams = staticmethod(\n"
-    "    lambda d, *a, **k: {**json.load(open(d / 'config.json')), **hp(d, *a, **k)})\n",
-)
+# transformers 5 renamed: for the families here (CONFIG_JSON) it also takes config.json's keys the
+# dict lacks ("raw_keys", CONVERT_SERVER below).
 FAMILIES["olmo2"] = ("Olmo2Config", dict(tie_word_embeddings=False, initializer_range=0.05))
 # Qwen MoE: four experts, two per token, every layer routed (llama.cpp's graphs have no dense
 # layers); Qwen3-MoE renormalises the top-k weights (llama.cpp's qwen3moe graph always does).
@@ -160,6 +156,75 @@ HEAD_SCALE["deepseek2"] = 0.3
 CONFIG_JSON["deepseek2"] = {"scoring_func": "sigmoid"}
 # llama.cpp converts Gemma's tokenizer.model only
 SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
+
+
+# The converter's main script (patched as benchmarks/engines.py's CONVERT) run again and again in one
+# process: a conversion in a process of its own paid ~5 s of CPU importing torch, transformers and
+# the converter's modules, 14 families a run (issue 33). Requests are JSON lines on stdin
+# ({"args": [...], "raw_keys": bool}), each answered with one JSON line ({"code": int}) on the file
+# descriptor the parent reads; the converter's own output goes to the log (stderr). ``raw_keys``:
+# config.json's keys (CONFIG_JSON) for this conversion only.
+CONVERT_SERVER = """
+import json, os, runpy, sys, traceback
+root = sys.argv[1]
+sys.path[:0] = [root, root + '/gguf-py']
+from conversion import base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'
+plain = base.ModelBase.load_hparams
+def with_raw_keys(d, *a, **k):
+    return {**json.load(open(d / 'config.json')), **plain(d, *a, **k)}
+replies = os.fdopen(os.dup(1), 'w')
+os.dup2(2, 1)
+for line in sys.stdin:
+    request = json.loads(line)
+    base.ModelBase.load_hparams = staticmethod(with_raw_keys if request['raw_keys'] else plain)
+    sys.argv = [root + '/convert_hf_to_gguf.py', *request['args']]
+    try:
+        runpy.run_path(sys.argv[0], run_name='__main__')
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush(); sys.stderr.flush()
+    replies.write(json.dumps({'code': code}) + chr(10)); replies.flush()
+"""
+
+
+class Converter:
+    """One converter process per test process, started on the first conversion (CONVERT_SERVER)."""
+
+    def __init__(self) -> None:
+        self.log = ROOT / "converter.log"
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", CONVERT_SERVER, str(llama_source(CACHE))],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                         env={**os.environ, "NO_LOCAL_GGUF": "1"})  # fmt: skip
+        atexit.register(self.close)
+
+    def convert(self, src: Path, out: Path, raw_keys: bool) -> None:
+        start = self.log.stat().st_size
+        request = {"args": [str(src), "--outtype", "f32", "--outfile", str(out)], "raw_keys": raw_keys}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        reply = self.proc.stdout.readline()
+        said = self.log.read_bytes()[start:].decode(errors="replace")[-3000:]
+        assert reply, f"the converter died converting {src}:\n{said}"
+        assert json.loads(reply)["code"] == 0, f"converting {src} failed:\n{said}"
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@functools.cache
+def converter() -> Converter:
+    return Converter()
 
 
 def spm_tokenizer(folder: Path, vocab: int) -> None:
@@ -214,19 +279,7 @@ def gguf_file(family: str, kind: str = "F32") -> Path:
     """F32 by llama.cpp's converter; the other kinds quantized from it by llama_model_quantize."""
     out = ROOT / family / f"model-{kind}.gguf"
     if kind == "F32":
-        cmd = [
-            sys.executable,
-            "-c",
-            CONVERT_RAW_KEYS if family in CONFIG_JSON else CONVERT,
-            str(llama_source(CACHE)),
-            str(hf_folder(family)),
-            "--outtype",
-            "f32",
-            "--outfile",
-            str(out),
-        ]
-        done = subprocess.run(cmd, env={**os.environ, "NO_LOCAL_GGUF": "1"}, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
+        converter().convert(hf_folder(family), out, raw_keys=family in CONFIG_JSON)
         return out
     import llama_cpp
 
