@@ -192,3 +192,23 @@ def test_flex_cross_attention_over_a_padded_source_equals_math(v):
         (out**2).mean().backward()
         results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     assert_same(*results)
+
+
+def test_on_cpu_the_kernel_runs_on_whole_blocks_and_the_padding_is_invisible(monkeypatch):
+    """nn/flex.py pads CPU lengths to whole 128-blocks (torch 2.13's compiled CPU kernel was wrong
+    below a block on AVX2): the kernel sees padded q / k / v, the caller T rows equal to math, with
+    a padding mask and a bias the rules read at real positions only."""
+    seen, real = [], flex.kernel
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.shape[2], k.shape[2]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(flex, "kernel", spy)
+    q, k, v = torch.randn(2, 4, 40, 8), torch.randn(2, 2, 130, 8), torch.randn(2, 2, 130, 8)
+    mask = torch.ones(2, 1, 40, 130, dtype=torch.bool)
+    mask[1, :, :, 100:] = False  # batch 1's last keys are padding
+    bias = torch.randn(1, 4, 40, 130)
+    out = flex.flex_attention(q, k, v, mask=mask, bias=bias, scale=0.3)
+    assert seen == [(128, 256)] and out.shape == (2, 4, 40, 8)
+    assert (out - math_attention(q, k, v, mask=mask, bias=bias, scale=0.3)).abs().max().item() < TOL
