@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.engines import CACHE, byte_level_bpe, llama_source
+from benchmarks.engines import CACHE, CONVERT, byte_level_bpe, llama_source
 from torchformer.interop.gguf.llamacpp import plain_buffers
 
 ROOT = Path(tempfile.mkdtemp(prefix="tfm-gguf-"))
@@ -158,18 +158,16 @@ CONFIG_JSON["deepseek2"] = {"scoring_func": "sigmoid"}
 SENTENCEPIECE = ("llama-spm", "gemma", "gemma2", "gemma3", "phi3", "phi3-long")
 
 
-# The converter's main script (patched as benchmarks/engines.py's CONVERT) run again and again in one
+# The converter's main script (CONVERT's path and patch, benchmarks/engines.py) run again and again in one
 # process: a conversion in a process of its own paid ~5 s of CPU importing torch, transformers and
 # the converter's modules, 14 families a run (issue 33). Requests are JSON lines on stdin
 # ({"args": [...], "raw_keys": bool}), each answered with one JSON line ({"code": int}) on the file
 # descriptor the parent reads; the converter's own output goes to the log (stderr). ``raw_keys``:
 # config.json's keys (CONFIG_JSON) for this conversion only.
-CONVERT_SERVER = """
-import json, os, runpy, sys, traceback
-root = sys.argv[1]
-sys.path[:0] = [root, root + '/gguf-py']
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'
+CONVERT_SERVER = (
+    CONVERT[: CONVERT.index("sys.argv[0] =")]
+    + """
+import json, os, traceback
 plain = base.ModelBase.load_hparams
 def with_raw_keys(d, *a, **k):
     return {**json.load(open(d / 'config.json')), **plain(d, *a, **k)}
@@ -190,6 +188,7 @@ for line in sys.stdin:
     sys.stdout.flush(); sys.stderr.flush()
     replies.write(json.dumps({'code': code}) + chr(10)); replies.flush()
 """
+)
 
 
 class Converter:

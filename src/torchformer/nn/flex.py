@@ -113,8 +113,6 @@ class FlexBlocks:
 
     block_mask: object
     visible: Tensor
-    lengths: tuple[int, int] = (0, 0)  # (T, S) of the pattern
-    padded: tuple[int, int] = (0, 0)  # (T, S) the block mask is built for: whole blocks on CPU
 
     @property
     def spans(self) -> list[list[int]]:
@@ -149,16 +147,14 @@ def build_blocks(pattern: Pattern) -> FlexBlocks:
         full.append(every)
     partial_t, full_t = torch.stack(partial, 1)[:, None], torch.stack(full, 1)[:, None]  # (B, 1, nQ, nK)
     padded = (nQ * BLOCK, nK * BLOCK) if dev.type in WHOLE_BLOCKS else (T, S)
-    if padded == (T, S):
-        mask_mod = pattern.mask if pattern.mask is not None else (lambda b, h, q, kv: q >= 0)
-    elif pattern.mask is None:
-        mask_mod = lambda b, h, q, kv: kv < S  # noqa: E731
-    else:  # the rule reads real positions only; a padded key is never visible
-        mask_mod = lambda b, h, q, kv: (kv < S) & pattern.mask(b, h, q.clamp(max=T - 1), kv.clamp(max=S - 1))  # noqa: E731
+    mask_mod = pattern.mask if pattern.mask is not None else (lambda b, h, q, kv: q >= 0)
+    if padded != (T, S):  # the rule reads real positions only; a padded key is never visible
+        rule = mask_mod
+        mask_mod = lambda b, h, q, kv: (kv < S) & rule(b, h, q.clamp(max=T - 1), kv.clamp(max=S - 1))  # noqa: E731
     block_mask = BlockMask.from_kv_blocks(
         *_ordered(partial_t), *_ordered(full_t), BLOCK_SIZE=BLOCK, mask_mod=mask_mod, seq_lengths=padded
     )
-    return FlexBlocks(block_mask, (partial_t | full_t).any(0)[0], (T, S), padded)  # visible: (nQ, nK)
+    return FlexBlocks(block_mask, (partial_t | full_t).any(0)[0])  # visible: (nQ, nK)
 
 
 def score_mod(bias: Rule | None, softcap: float | None):
@@ -175,7 +171,7 @@ def score_mod(bias: Rule | None, softcap: float | None):
 def run(q: Tensor, k: Tensor, v: Tensor, pattern: Pattern, blocks: FlexBlocks, scale: float, softcap: float | None):
     """The kernel over ``blocks``: on lengths padded to the block mask's (CPU, module docstring),
     the bias read at real positions only, the padded queries' rows dropped. (B, H, T, E)."""
-    (T, S), (Tp, Sp) = blocks.lengths, blocks.padded
+    (T, S), (Tp, Sp) = (q.shape[2], k.shape[2]), blocks.block_mask.seq_lengths
     bias = pattern.bias
     if (Tp, Sp) != (T, S):
         q, k, v = F.pad(q, (0, 0, 0, Tp - T)), F.pad(k, (0, 0, 0, Sp - S)), F.pad(v, (0, 0, 0, Sp - S))
