@@ -11,8 +11,13 @@ def test_build_folder_is_keyed_by_source_flags_and_environment(tmp_path, monkeyp
     a = native.build_folder(tmp_path)
     assert a.is_dir() and a.parent == tmp_path and a.name.startswith(native.NAME + "-")
     assert native.build_folder(tmp_path) == a  # stable: the next process finds the same build
-    monkeypatch.setattr(native, "FLAGS", [*native.FLAGS, "-DOTHER"])
+    monkeypatch.setattr(native, "FLAGS", {isa: [*f, "-DOTHER"] for isa, f in native.FLAGS.items()})
     assert native.build_folder(tmp_path) != a  # other flags: another folder, no rebuild ping-pong
+    monkeypatch.undo()
+    # the other instruction set's build (an image moved to another CPU) never reuses this one's
+    other = "avx2" if native.isa() == "avx512" else "avx512"
+    monkeypatch.setattr(native, "isa", lambda: other)
+    assert native.build_folder(tmp_path) != a
 
 
 def test_another_checkout_gets_its_own_build_folder(tmp_path, monkeypatch):
@@ -104,7 +109,7 @@ def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkey
     assert f"could not be built in {folder}" in capsys.readouterr().err
     monkeypatch.setattr(native, "kernels", lambda: (folder / f"{native.NAME}.so").touch() or object())
     assert main(["kernels", "build"]) == 0
-    assert "the CPU kernels are ready (built in" in capsys.readouterr().out
+    assert "the CPU kernels are ready for avx512 (built in" in capsys.readouterr().out
     assert main(["kernels", "status"]) == 0
     assert f"the CPU kernels are built: {folder}" in capsys.readouterr().out
     monkeypatch.setenv("TORCHFORMER_NATIVE", "0")
@@ -112,5 +117,6 @@ def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkey
     assert "turned off (TORCHFORMER_NATIVE=0)" in capsys.readouterr().out
     monkeypatch.setenv("TORCHFORMER_NATIVE", "1")
     monkeypatch.setattr(native.torch.cpu, "_is_avx512_supported", lambda: False)
+    monkeypatch.setattr(native.torch.cpu, "_is_avx2_supported", lambda: False)
     assert main(["kernels", "build"]) == 0
-    assert "no AVX-512: the library paths run" in capsys.readouterr().out
+    assert "neither AVX-512 nor AVX2 with FMA and F16C: the library paths run" in capsys.readouterr().out

@@ -13,7 +13,7 @@ from torchformer.fast.two_level import TwoLevel
 from torchformer.nn.quant import Int8Linear
 
 pytestmark = pytest.mark.skipif(
-    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+    not formats.ops_ready(), reason="the CPU kernels are not built here (neither AVX-512 nor AVX2, or no compiler)"
 )
 
 # (bits of the values, N, K, group, two-level scales): K 2048 takes the K-blocked path at 9 rows

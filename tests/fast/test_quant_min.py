@@ -13,7 +13,7 @@ from torchformer.fast import formats
 from torchformer.nn.quant_min import Int4MinLinear
 
 pytestmark = pytest.mark.skipif(
-    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+    not formats.ops_ready(), reason="the CPU kernels are not built here (neither AVX-512 nor AVX2, or no compiler)"
 )
 
 

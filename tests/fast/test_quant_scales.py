@@ -11,7 +11,7 @@ from torchformer.fast import formats
 from torchformer.nn.quant import Int4Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(
-    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+    not formats.ops_ready(), reason="the CPU kernels are not built here (neither AVX-512 nor AVX2, or no compiler)"
 )
 
 

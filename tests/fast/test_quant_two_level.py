@@ -13,7 +13,7 @@ from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.nn.quant_min import Int4MinLinear
 
 pytestmark = pytest.mark.skipif(
-    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+    not formats.ops_ready(), reason="the CPU kernels are not built here (neither AVX-512 nor AVX2, or no compiler)"
 )
 
 SUPER = 256  # inputs per super-scale, as in every K-quant

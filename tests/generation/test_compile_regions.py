@@ -101,7 +101,7 @@ def test_the_cpp_wrapper_switch_turns_regions_off_at_build(monkeypatch):
 
 @torch.no_grad()
 def test_inductor_compiles_an_int8_step_of_more_rows_than_compiled_rows_inside_regions(monkeypatch):
-    """Where the project's kernels do not run (no AVX-512, TORCHFORMER_NATIVE=0), an int8 model with
+    """Where the project's kernels do not run (neither AVX-512 nor AVX2, TORCHFORMER_NATIVE=0), an int8 model with
     bf16 activations multiplies more than COMPILED_ROWS rows by torch's int8 weight-only kernel;
     inductor's own lowering of that op failed inside a region (a batch-8 step of the 1B shape on an
     AVX2 CPU, issue 25). Inductor itself here, since the failure was in its lowering."""

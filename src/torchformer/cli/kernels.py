@@ -17,10 +17,9 @@ def run(args: argparse.Namespace) -> int:
     products, decode attention) are compiled once per machine by torch's extension loader, on
     first use, into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). `build` does it now,
     say in an image or before a server starts; `status` says whether they are on, built and where.
-    TORCHFORMER_NATIVE=0 turns them off; without AVX-512 or a C++ compiler the library paths run
+    TORCHFORMER_NATIVE=0 turns them off; without AVX-512 or AVX2 (decode attention: AVX-512
+    only), or without a C++ compiler, the library paths run
     (oneDNN, SDPA, torch's own products), with the same results."""
-    import torch
-
     from ..fast import native
 
     folder = native.build_folder(native.build_root())
@@ -28,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     if not native.enabled():
         print("the CPU kernels are turned off (TORCHFORMER_NATIVE=0): the library paths run")
         return 0
-    if not torch.cpu._is_avx512_supported():
-        print("this CPU has no AVX-512: the library paths run (oneDNN, SDPA, torch's products)")
+    if native.isa() is None:
+        print("this CPU has neither AVX-512 nor AVX2 with FMA and F16C: the library paths run (oneDNN, SDPA, ...)")
         return 0
     if args.action == "status":
         print(f"the CPU kernels are {'built' if built else 'not built yet (torchformer kernels build)'}: {folder}")
@@ -38,5 +37,5 @@ def run(args: argparse.Namespace) -> int:
     if native.kernels() is None:
         raise OSError(f"the CPU kernels could not be built in {folder} (see the warning above); the library paths run")
     took = "already built" if built else f"built in {time.perf_counter() - start:.0f} s"
-    print(f"the CPU kernels are ready ({took}): {folder}")
+    print(f"the CPU kernels are ready for {native.isa()} ({took}): {folder}")
     return 0

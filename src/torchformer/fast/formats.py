@@ -2,7 +2,7 @@
 twins (fast/quant_panels.py, the integer kernels), bf16 ``Linear``s become ``Bf16Linear`` (the bf16
 kernel over the module's own weight). The layout belongs to the CPU that runs it, so it is made at
 run time and never saved: ``tfm.quantize`` and ``tfm.load`` call ``prepare``; it does nothing where
-the kernels are not built (no AVX-512, no compiler, ``TORCHFORMER_NATIVE=0``), on other devices, or
+the kernels are not built (neither AVX-512 nor AVX2, no compiler, ``TORCHFORMER_NATIVE=0``), on other devices, or
 for shapes the kernels do not take (K not a multiple of 4 for int8, a group not a multiple of 8 for
 int4).
 """

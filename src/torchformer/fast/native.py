@@ -2,8 +2,8 @@
 
 - ``panel_mm`` / ``torchformer::panel_linear`` (kernels.cpp): few-row products over fp32 weights
   packed in 16-row panels (fast/panels.py); the op multiplies plainly once the weight has changed.
-- ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
-  (nn/backends.py, ``prefix_sdpa``).
+- ``decode_attention`` (kernels.cpp, AVX-512 builds only): one query per row over the live prefix
+  of the static cache (nn/backends.py, ``prefix_sdpa``).
 - ``torchformer::bf16_linear`` (bf16.cpp): the product over a bf16 weight as it is stored, and
   ``torchformer::int8_mm`` / ``int4_mm`` / ``int4_min_mm`` / ``intn_mm`` (quantized.cpp): products
   over int8 / int4 / 5- and 6-bit weights in 16-row panels with the activations quantized to int8
@@ -16,9 +16,11 @@ other's copy.
 The build always runs the ``ninja`` of the ``ninja`` package when it is installed, whatever PATH
 says: ninja 1.11 and 1.13 hash the same command differently in ``.ninja_log``, so a process that
 found /usr/bin/ninja (1.11) and one that found the venv's (1.13) each rebuilt the other's build,
-~75 s a time, all through a test run. Needs AVX-512, a C++ compiler (as torch.compile on
-CPU does) and ninja (the ``serve`` extra). Where any is missing, or with ``TORCHFORMER_NATIVE=0``,
-``kernels()`` is None and the callers take their library paths (oneDNN, SDPA).
+~75 s a time, all through a test run. Needs AVX-512, or AVX2 with FMA and F16C (csrc/wide.h:
+the same kernels over 16 lanes in two ymm registers; a separate build, ~2 min on 2 cores), a C++
+compiler (as torch.compile on CPU does) and ninja (the ``serve`` extra). Where any is missing, or
+with ``TORCHFORMER_NATIVE=0``, ``kernels()`` is None and the callers take their library paths
+(oneDNN, SDPA).
 """
 
 from __future__ import annotations
@@ -38,18 +40,49 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("kernels.cpp", "bf16.cpp", "quantized.cpp")]
-INCLUDED = [CSRC / "quantized_kernels.inc"]  # included by quantized.cpp: part of the build's key
+INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h"]  # included by the sources: part of the build's key
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
-FLAGS = [  # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: 16-wide at::vec
-    "-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
-    "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512",
-]  # fmt: skip
+# One build per instruction set (csrc/wide.h: 16 lanes as one zmm or two ymm registers).
+# -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: the width of at::vec.
+FLAGS = {
+    "avx512": ["-O3", "-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mfma", "-fopenmp",
+               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
+    "avx2": ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
+}  # fmt: skip
+
+
+def isa() -> str | None:
+    """The instruction set the kernels are built for on this CPU: "avx512", "avx2" (AVX2 with FMA
+    and F16C: every AVX2 CPU since Haswell and Zen), or None where they cannot run."""
+    if torch.cpu._is_avx512_supported():
+        return "avx512"
+    if torch.cpu._is_avx2_supported() and cpu_flags() >= {"fma", "f16c"}:
+        return "avx2"
+    return None
+
+
+def flags() -> list[str]:
+    """The compiler flags of this CPU's build (AVX-512's where the kernels cannot run: a status key)."""
+    return FLAGS[isa() or "avx512"]
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo is missing)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
 
 
 @functools.cache
 def kernels():
     """The compiled extension module, or None where it cannot run or be built (logged once)."""
-    if not enabled() or not torch.cpu._is_avx512_supported():
+    if not enabled() or isa() is None:
         return None
     try:
         from torch.utils.cpp_extension import load
@@ -58,7 +91,9 @@ def kernels():
         with build_lock(folder), one_ninja():
             if not (folder / f"{NAME}.so").exists():
                 log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
-            module = load(name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=FLAGS, build_directory=str(folder))
+            module = load(
+                name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=flags(), build_directory=str(folder)
+            )
         fake = torch.library.register_fake("torchformer::panel_linear")
         fake(lambda x, w, panels, version: x.new_empty((x.shape[0], w.shape[0])))
         return module
@@ -88,7 +123,7 @@ def build_folder(root: Path) -> Path:
                 # ninja's build file names the sources by path: two checkouts sharing a folder
                 # would rebuild it for each other (minutes each, under the lock) at every switch.
                 str(SOURCES[0].parent.resolve()).encode(),
-                " ".join(FLAGS).encode(),
+                " ".join(flags()).encode(),
                 torch.__version__.encode(),
                 # as spelled, not resolved: torch's build file names the include paths under
                 # sys.prefix, so a venv reached through a symlink and its real path would rebuild

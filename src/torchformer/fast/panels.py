@@ -9,12 +9,12 @@ benchmark's 43 matrices (92 MB fp32, best of 8-20 passes; MKL = F.linear):
     oneDNN ms          8.4   7.7   10.4  11.7  11.2  20.9  35.4
     MKL ms             11.1  21.0  16.8  19.4  19.5  32.4  41.8
 
-- The panel kernel (csrc/kernels.cpp through native.py, AVX-512, built once per machine by
+- The panel kernel (csrc/kernels.cpp through native.py, AVX-512 or AVX2, built once per machine by
   torch's extension loader and cached): the weight in panels of 16 output rows, each (K, 16), so a panel is one
   sequential stream and each input value is one broadcast FMA into 16 outputs, no horizontal sums.
 - oneDNN's inner product over the weight reordered into its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing does for CPU linears),
-  where the kernel cannot run (no AVX-512, no compiler, ``TORCHFORMER_NATIVE=0``). Over the plain
+  where the kernel cannot run (neither AVX-512 nor AVX2, no compiler, ``TORCHFORMER_NATIVE=0``). Over the plain
   weight oneDNN reorders on every call (7.7 ms at 8 rows): the packed copy is what pays.
 
 One or two rows stay with nn/linear.py's routes (MKL's W @ [x; x]^T, inductor's row sums).
@@ -43,7 +43,7 @@ from ..nn.linear import Linear
 from .native import kernels
 
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
-LANES = 16  # outputs per panel: one AVX-512 register of fp32
+LANES = 16  # outputs per panel: one AVX-512 register of fp32 (two AVX2 ones: csrc/wide.h)
 
 
 def panels(rows: Tensor) -> Tensor:

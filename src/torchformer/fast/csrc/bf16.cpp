@@ -1,6 +1,6 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "wide.h"
 
 #include <algorithm>
 
@@ -42,28 +42,28 @@ void split_pairs(const float* x, int64_t R, int64_t K, float* xs, int64_t Kp) {
 template <int MB>
 void dot_rows(const float* xs, int64_t Kp, int64_t K, const uint16_t* w, int64_t n0, int64_t n1, float* out,
               int64_t ldo) {
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const w16i high = w16_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t full = K / PAIR * PAIR;
-  const __mmask32 tail = static_cast<__mmask32>((1ull << (K - full)) - 1);
+  const w16mask32 tail = static_cast<w16mask32>((1ull << (K - full)) - 1);
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* wr = w + n * K;
-    __m512 even[MB], odd[MB];
-    for (int m = 0; m < MB; ++m) even[m] = odd[m] = _mm512_setzero_ps();
-    auto step = [&](__m512i v, int64_t k) {
-      const __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-      const __m512 wo = _mm512_castsi512_ps(_mm512_and_si512(v, high));
+    w16f even[MB], odd[MB];
+    for (int m = 0; m < MB; ++m) even[m] = odd[m] = w16_setzero_ps();
+    auto step = [&](w16i v, int64_t k) {
+      const w16f we = w16_castsi512_ps(w16_slli_epi32(v, 16));
+      const w16f wo = w16_castsi512_ps(w16_and_si512(v, high));
       for (int m = 0; m < MB; ++m) {
-        even[m] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xs + m * Kp + k), even[m]);
-        odd[m] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xs + m * Kp + k + 16), odd[m]);
+        even[m] = w16_fmadd_ps(we, w16_loadu_ps(xs + m * Kp + k), even[m]);
+        odd[m] = w16_fmadd_ps(wo, w16_loadu_ps(xs + m * Kp + k + 16), odd[m]);
       }
     };
     int64_t k = 0;
     for (; k < full; k += PAIR) {
       prefetch_l2(reinterpret_cast<const uint8_t*>(wr + k) + AHEAD);
-      step(_mm512_loadu_si512(wr + k), k);
+      step(w16_loadu_si512(wr + k), k);
     }
-    if (k < K) step(_mm512_maskz_loadu_epi16(tail, wr + k), k);
-    for (int m = 0; m < MB; ++m) out[m * ldo + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[m], odd[m]));
+    if (k < K) step(w16_maskz_loadu_epi16(tail, wr + k), k);
+    for (int m = 0; m < MB; ++m) out[m * ldo + n] = w16_reduce_add_ps(w16_add_ps(even[m], odd[m]));
   }
 }
 

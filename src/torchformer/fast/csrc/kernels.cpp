@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
+#include "wide.h"
 
 #include <algorithm>
 #include <limits>
@@ -34,12 +35,12 @@ constexpr int64_t K_BLOCK = 256;  // 2 panels x 256 x 16 x 4 bytes = 32 KB: fits
 constexpr int64_t PREFETCH_STEPS = 64;
 
 template <int M, int NP>
-inline void fma_step(__m512 (&acc)[NP][M], const float* x, int64_t ldx, const float* p, int64_t K, int64_t k) {
-  __m512 w[NP];
-  for (int j = 0; j < NP; ++j) w[j] = _mm512_loadu_ps(p + j * K * LANES + k * LANES);
+inline void fma_step(w16f (&acc)[NP][M], const float* x, int64_t ldx, const float* p, int64_t K, int64_t k) {
+  w16f w[NP];
+  for (int j = 0; j < NP; ++j) w[j] = w16_loadu_ps(p + j * K * LANES + k * LANES);
   for (int m = 0; m < M; ++m) {
-    const __m512 xb = _mm512_set1_ps(x[m * ldx + k]);
-    for (int j = 0; j < NP; ++j) acc[j][m] = _mm512_fmadd_ps(w[j], xb, acc[j][m]);
+    const w16f xb = w16_set1_ps(x[m * ldx + k]);
+    for (int j = 0; j < NP; ++j) acc[j][m] = w16_fmadd_ps(w[j], xb, acc[j][m]);
   }
 }
 
@@ -51,9 +52,9 @@ inline void prefetch_l2(const float* p) { _mm_prefetch(reinterpret_cast<const ch
 template <int M, int NP, bool PF>
 inline void panels(const float* x, int64_t ldx, const float* p, int64_t K, int64_t k0, int64_t k1, float* out,
                    int64_t ldo, int64_t n0, int64_t nvalid_last, bool accumulate, const float* next) {
-  __m512 acc[NP][M];
+  w16f acc[NP][M];
   for (int j = 0; j < NP; ++j)
-    for (int m = 0; m < M; ++m) acc[j][m] = _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) acc[j][m] = w16_setzero_ps();
   if (!PF) {
     for (int64_t k = k0; k < k1; ++k) fma_step<M, NP>(acc, x, ldx, p, K, k);
   } else {
@@ -71,12 +72,12 @@ inline void panels(const float* x, int64_t ldx, const float* p, int64_t K, int64
   }
   for (int j = 0; j < NP; ++j) {
     const int64_t valid = j == NP - 1 ? nvalid_last : LANES;
-    const __mmask16 mask = valid == LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << valid) - 1);
+    const w16mask mask = valid == LANES ? (w16mask)0xFFFF : (w16mask)((1u << valid) - 1);
     for (int m = 0; m < M; ++m) {
       float* dst = out + m * ldo + n0 + j * LANES;
-      __m512 v = acc[j][m];
-      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, dst));
-      _mm512_mask_storeu_ps(dst, mask, v);
+      w16f v = acc[j][m];
+      if (accumulate) v = w16_add_ps(v, w16_maskz_loadu_ps(mask, dst));
+      w16_mask_storeu_ps(dst, mask, v);
     }
   }
 }
@@ -135,6 +136,7 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
   return out;
 }
 
+#if defined(__AVX512F__)  // decode attention: AVX-512 only (wide.h); SDPA runs elsewhere
 // One decode query per row over the first n cached keys (nn/backends.py, prefix_sdpa):
 // q (B, H, 1, E) fp32, k (B, K, S, E) and v (B, K, S, Ev) fp32 or bf16 (a bf16 model's cache, widened
 // in registers as it is read: half the bytes of an fp32 copy) strided views with unit stride on the last
@@ -446,6 +448,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out;
 }
 
+#endif
+
 // x @ weight^T over the panels fast/panels.py made of ``weight`` when it still has the version it had
 // then (-1: an inference tensor, which cannot change), the plain product otherwise: an in-place
 // update after packing (an optimizer step, load_state_dict's copy_) is never multiplied stale.
@@ -466,5 +470,7 @@ TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
+#if defined(__AVX512F__)
   m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
+#endif
 }

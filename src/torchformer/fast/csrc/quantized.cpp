@@ -53,7 +53,7 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <immintrin.h>
+#include "wide.h"
 
 #include <algorithm>
 #include <cmath>
@@ -78,7 +78,12 @@ inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const 
 bool vnni() {
   static const bool has = [] {
     const char* env = std::getenv("TORCHFORMER_VNNI");
+#if defined(__AVX512F__)
     return __builtin_cpu_supports("avx512vnni") && !(env && std::string(env) == "0");
+#else
+    (void)env;  // the AVX2 build has no VNNI copy
+    return false;
+#endif
   }();
   return has;
 }
@@ -101,9 +106,9 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
     float amax = 0.f;
     int64_t k = 0;
     if (B % 16 == 0) {
-      __m512 m = _mm512_setzero_ps();
-      for (; k < B; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(xb + k)));
-      amax = _mm512_reduce_max_ps(m);
+      w16f m = w16_setzero_ps();
+      for (; k < B; k += 16) m = w16_max_ps(m, w16_abs_ps(w16_loadu_ps(xb + k)));
+      amax = w16_reduce_max_ps(m);
     } else {
       for (; k < B; ++k) amax = std::max(amax, std::fabs(xb[k]));
     }
@@ -111,13 +116,13 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
     scale[b] = amax / 127.f;
     int32_t sum = 0;
     if (B % 16 == 0) {
-      __m512i s = _mm512_setzero_si512();
+      w16i s = w16_setzero_si512();
       for (k = 0; k < B; k += 16) {
-        const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + k), _mm512_set1_ps(inv)));
-        s = _mm512_add_epi32(s, v);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * B + k), _mm512_cvtsepi32_epi8(v));
+        const w16i v = w16_cvtps_epi32(w16_mul_ps(w16_loadu_ps(xb + k), w16_set1_ps(inv)));
+        s = w16_add_epi32(s, v);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * B + k), w16_cvtsepi32_epi8(v));
       }
-      sum = _mm512_reduce_add_epi32(s);
+      sum = w16_reduce_add_epi32(s);
     } else {
       for (k = 0; k < B; ++k) {
         const int32_t v = static_cast<int32_t>(std::nearbyint(xb[k] * inv));
@@ -146,6 +151,7 @@ namespace plain {
 #include "quantized_kernels.inc"
 }  // namespace plain
 
+#if defined(__AVX512F__)
 // The same kernels with VNNI's `vpdpbusd` (module comment); run only where the CPU has it.
 #pragma GCC push_options
 #pragma GCC target("avx512vnni")
@@ -153,6 +159,9 @@ namespace with_vnni {
 #include "quantized_kernels.inc"
 }  // namespace with_vnni
 #pragma GCC pop_options
+#else
+namespace with_vnni = plain;  // the AVX2 build has no VNNI copy: vnni() is false there
+#endif
 
 // The activation block: 32 inputs, or the largest power of two dividing both the group and 32.
 int64_t act_block(int64_t K, int64_t G) { return std::gcd<int64_t>(std::gcd<int64_t>(32, G), K); }
@@ -166,10 +175,10 @@ void check_part(const torch::Tensor& t, at::ScalarType dtype, int64_t P, int64_t
 
 template <class F, class FV, class S>
 void dispatch(const Weights& wt, const Acts& a, int64_t R, int64_t N, float* o) {
-  if (vnni())
-    with_vnni::run<FV, true, S>(wt, a, R, N, o);
-  else
-    plain::run<F, false, S>(wt, a, R, N, o);
+#if defined(__AVX512F__)
+  if (vnni()) return with_vnni::run<FV, true, S>(wt, a, R, N, o);
+#endif
+  plain::run<F, false, S>(wt, a, R, N, o);
 }
 
 // minimum: defined for F::MIN only; super_scale (f16 (P, K / SG, 16)) with int8 scale (and, for
