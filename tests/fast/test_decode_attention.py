@@ -25,7 +25,7 @@ SHAPES = [  # (B, H, K, E, S, n)
 
 @pytest.fixture(scope="module")
 def kernel():
-    return built_kernels(needs="avx512")
+    return built_kernels()
 
 
 @pytest.mark.parametrize("B, H, K, E, S, n", SHAPES)

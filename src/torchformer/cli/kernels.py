@@ -17,9 +17,8 @@ def run(args: argparse.Namespace) -> int:
     products, decode attention) are compiled once per machine by torch's extension loader, on
     first use, into TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions). `build` does it now,
     say in an image or before a server starts; `status` says whether they are on, built and where.
-    TORCHFORMER_NATIVE=0 turns them off; without AVX-512 or AVX2 (decode attention: AVX-512
-    only), or without a C++ compiler, the library paths run
-    (oneDNN, SDPA, torch's own products), with the same results."""
+    TORCHFORMER_NATIVE=0 turns them off; without AVX-512 or AVX2, or without a C++ compiler, the
+    library paths run (oneDNN, SDPA, torch's own products), with the same results."""
     from ..fast import native
 
     folder = native.build_folder(native.build_root())

@@ -21,8 +21,7 @@ MAX_HEAD = 128  # a bf16 cache needs the register path: E == Ev <= 128
 def prefix_attention(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live: Tensor, scale: float) -> Tensor:
     """q (B, H, T, E) over the first ``live`` slots of k, v (B, K, S, E) -> (B, H, T, E)."""
     n = int(live)
-    # one query per row (decoding), where the kernel is built (AVX-512 builds only: csrc/wide.h)
-    if decodes(q, k, v, term) and hasattr(kernels(), "decode_attention"):
+    if decodes(q, k, v, term) and kernels() is not None:  # one query per row (decoding)
         fp32_term = None if term is None else term.float()
         out = kernels().decode_attention(q.float(), k, v, fp32_term, n, scale)  # (B, H, 1, E) fp32
         return out.to(q.dtype)

@@ -2,8 +2,8 @@
 
 - ``panel_mm`` / ``torchformer::panel_linear`` (kernels.cpp): few-row products over fp32 weights
   packed in 16-row panels (fast/panels.py); the op multiplies plainly once the weight has changed.
-- ``decode_attention`` (kernels.cpp, AVX-512 builds only): one query per row over the live prefix
-  of the static cache (nn/backends.py, ``prefix_sdpa``).
+- ``decode_attention`` (kernels.cpp): one query per row over the live prefix of the static cache
+  (nn/backends.py, ``prefix_sdpa``).
 - ``torchformer::bf16_linear`` (bf16.cpp): the product over a bf16 weight as it is stored, and
   ``torchformer::int8_mm`` / ``int4_mm`` / ``int4_min_mm`` / ``intn_mm`` (quantized.cpp): products
   over int8 / int4 / 5- and 6-bit weights in 16-row panels with the activations quantized to int8

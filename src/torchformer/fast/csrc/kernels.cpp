@@ -136,7 +136,6 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
   return out;
 }
 
-#if defined(__AVX512F__)  // decode attention: AVX-512 only (wide.h); SDPA runs elsewhere
 // One decode query per row over the first n cached keys (nn/backends.py, prefix_sdpa):
 // q (B, H, 1, E) fp32, k (B, K, S, E) and v (B, K, S, Ev) fp32 or bf16 (a bf16 model's cache, widened
 // in registers as it is read: half the bytes of an fp32 copy) strided views with unit stride on the last
@@ -207,29 +206,29 @@ struct Ahead {
   }
 };
 
-inline __mmask16 first_lanes(int64_t c) { return c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << c) - 1); }
-
-// 16 vectors -> the vector of their 16 horizontal sums, in order: a transpose-and-add tree (15
-// adds and 31 shuffles for 16 keys, where 16 separate horizontal sums take ~4x the work).
-inline __m512 reduce16(const __m512* a) {
-  __m512 r[8], u[4], w[2];
-  for (int i = 0; i < 8; ++i)  // r[i] = [a[2i]'s two 256-bit halves added | a[2i+1]'s]
-    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
-  for (int i = 0; i < 4; ++i)  // u[i]: 128-bit quarter t holds 4 partial sums of a[4i + t]
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
-  for (int i = 0; i < 2; ++i)  // w[i]: quarter t holds 2 partials of a[8i + t], then 2 of a[8i + 4 + t]
-    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
-  // lane 4t + i: the sum of a[4i + t]; put it in lane 4i + t
-  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
-}
+inline w16mask first_lanes(int64_t c) { return c >= 16 ? (w16mask)0xFFFF : (w16mask)((1u << c) - 1); }
 
 // 16 keys' or values' elements as fp32: loaded (fp32) or widened (bf16: the top half of an fp32).
-inline __m512 widen(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 widen(const uint16_t* p, __mmask16 m) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+inline w16f widen(const float* p, w16mask m) { return w16_maskz_loadu_ps(m, p); }
+inline w16f widen(const uint16_t* p, w16mask m) { return w16_widen_bf16(p, m); }
+
+// exp(x - m) per lane, at::vec's exp (one vector on AVX-512, two on AVX2).
+inline w16f exp_minus(w16f x, float m) {
+  using Vec = at::vec::Vectorized<float>;
+#if defined(__AVX512F__)
+  return (Vec(x) - Vec(m)).exp();
+#else
+  return {(Vec(x.lo) - Vec(m)).exp(), (Vec(x.hi) - Vec(m)).exp()};
+#endif
+}
+
+// The sum of an at::vec vector's lanes.
+inline float lane_sum(at::vec::Vectorized<float> v) {
+#if defined(__AVX512F__)
+  return w16_reduce_add_ps(v);
+#else
+  return w16_sum8(v);
+#endif
 }
 
 template <class T>
@@ -246,89 +245,88 @@ struct Args {
 // q and the output accumulators in registers. scores: G rows of npad floats; mxbuf: G x 16.
 template <int NV, class T>
 void attend(const Args<T>& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead<T>& ahead) {
-  using Vec = at::vec::Vectorized<float>;
   const int64_t b = task / a.K, kh = task % a.K, n = a.n, G = a.G;
   const T* kb = a.kp + b * a.ks0 + kh * a.ks1;
   const T* vb = a.vp + b * a.vs0 + kh * a.vs1;
   constexpr int64_t ES = sizeof(T);
-  const __mmask16 em = first_lanes(a.E - (NV - 1) * 16);
-  auto load = [em](const float* p, int e) { return e == NV - 1 ? _mm512_maskz_loadu_ps(em, p + 16 * e) : _mm512_loadu_ps(p + 16 * e); };
-  auto load_kv = [em](const T* p, int e) { return widen(p + 16 * e, e == NV - 1 ? em : (__mmask16)0xFFFF); };
-  for (int64_t g = 0; g < G; ++g) _mm512_storeu_ps(mxbuf + 16 * g, _mm512_set1_ps(-std::numeric_limits<float>::infinity()));
+  const w16mask em = first_lanes(a.E - (NV - 1) * 16);
+  auto load = [em](const float* p, int e) { return e == NV - 1 ? w16_maskz_loadu_ps(em, p + 16 * e) : w16_loadu_ps(p + 16 * e); };
+  auto load_kv = [em](const T* p, int e) { return widen(p + 16 * e, e == NV - 1 ? em : (w16mask)0xFFFF); };
+  for (int64_t g = 0; g < G; ++g) w16_storeu_ps(mxbuf + 16 * g, w16_set1_ps(-std::numeric_limits<float>::infinity()));
   // Scores, 16 keys at a time, each block for all G heads while its keys are in L1.
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int64_t c = std::min<int64_t>(16, n - j0);
-    const __mmask16 cm = first_lanes(c);
+    const w16mask cm = first_lanes(c);
     ahead.advance(c * a.E * ES);
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = kh * G + g;
       const float* qh = a.qp + b * a.qs0 + h * a.qs1;
-      __m512 qv[NV];
+      w16f qv[NV];
       for (int e = 0; e < NV; ++e) qv[e] = load(qh, e);
-      __m512 d[16];  // 16 independent chains: no FMA waits on the one before
+      w16f d[16];  // 16 independent chains: no FMA waits on the one before
       for (int s = 0; s < 16; ++s) {
         const T* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
-        __m512 t = _mm512_mul_ps(qv[0], load_kv(kj, 0));
-        for (int e = 1; e < NV; ++e) t = _mm512_fmadd_ps(qv[e], load_kv(kj, e), t);
+        w16f t = w16_mul_ps(qv[0], load_kv(kj, 0));
+        for (int e = 1; e < NV; ++e) t = w16_fmadd_ps(qv[e], load_kv(kj, e), t);
         d[s] = t;
       }
-      __m512 sv = _mm512_mul_ps(reduce16(d), _mm512_set1_ps(a.sc));
+      w16f sv = w16_mul_ps(w16_reduce16(d), w16_set1_ps(a.sc));
       if (a.tp) {
         const float* tr = a.tp + b * a.tb + h * a.th + j0 * a.ts;
         if (a.ts == 1) {
-          sv = _mm512_add_ps(sv, _mm512_maskz_loadu_ps(cm, tr));
+          sv = w16_add_ps(sv, w16_maskz_loadu_ps(cm, tr));
         } else {
           alignas(64) float tmp[16] = {};
           for (int64_t s = 0; s < c; ++s) tmp[s] = tr[s * a.ts];
-          sv = _mm512_add_ps(sv, _mm512_load_ps(tmp));
+          sv = w16_add_ps(sv, w16_load_ps(tmp));
         }
       }
-      _mm512_mask_storeu_ps(scores + g * npad + j0, cm, sv);
-      const __m512 mx = _mm512_loadu_ps(mxbuf + 16 * g);
-      _mm512_storeu_ps(mxbuf + 16 * g, _mm512_mask_max_ps(mx, cm, mx, sv));
+      w16_mask_storeu_ps(scores + g * npad + j0, cm, sv);
+      const w16f mx = w16_loadu_ps(mxbuf + 16 * g);
+      w16_storeu_ps(mxbuf + 16 * g, w16_mask_max_ps(mx, cm, mx, sv));
     }
   }
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = kh * G + g;
     float* s = scores + g * npad;
     // exp(s - max) in place, 16 at a time; the sum for normalising.
-    const Vec vmx(_mm512_reduce_max_ps(_mm512_loadu_ps(mxbuf + 16 * g)));
-    __m512 vsum = _mm512_setzero_ps();
+    const float mx = w16_reduce_max_ps(w16_loadu_ps(mxbuf + 16 * g));
+    w16f vsum = w16_setzero_ps();
     for (int64_t j = 0; j < n; j += 16) {
-      const __mmask16 cm = first_lanes(n - j);
-      const Vec p = (Vec(_mm512_maskz_loadu_ps(cm, s + j)) - vmx).exp();
-      _mm512_mask_storeu_ps(s + j, cm, p);
-      vsum = _mm512_mask_add_ps(vsum, cm, vsum, p);
+      const w16mask cm = first_lanes(n - j);
+      const w16f p = exp_minus(w16_maskz_loadu_ps(cm, s + j), mx);
+      w16_mask_storeu_ps(s + j, cm, p);
+      vsum = w16_mask_add_ps(vsum, cm, vsum, p);
     }
-    const float total = _mm512_reduce_add_ps(vsum);
+    const float total = w16_reduce_add_ps(vsum);
     // out = sum_j p_j v_j / total, in registers; two accumulator sets so that consecutive keys'
     // FMAs do not wait on each other (one set is a chain of 4-cycle FMAs per key at E = 64). The
     // first head's pass meets V in DRAM; the others find it in cache.
-    __m512 acc0[NV], acc1[NV];
-    for (int e = 0; e < NV; ++e) acc0[e] = acc1[e] = _mm512_setzero_ps();
+    w16f acc0[NV], acc1[NV];
+    for (int e = 0; e < NV; ++e) acc0[e] = acc1[e] = w16_setzero_ps();
     int64_t j = 0;
     for (; j + 2 <= n; j += 2) {
       if (g == 0) ahead.advance(2 * a.Ev * ES);
       const T* v0 = vb + j * a.vs2;
       const T* v1 = v0 + a.vs2;
-      const __m512 p0 = _mm512_set1_ps(s[j]), p1 = _mm512_set1_ps(s[j + 1]);
+      const w16f p0 = w16_set1_ps(s[j]), p1 = w16_set1_ps(s[j + 1]);
       for (int e = 0; e < NV; ++e) {
-        acc0[e] = _mm512_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
-        acc1[e] = _mm512_fmadd_ps(p1, load_kv(v1, e), acc1[e]);
+        acc0[e] = w16_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
+        acc1[e] = w16_fmadd_ps(p1, load_kv(v1, e), acc1[e]);
       }
     }
     if (j < n) {
       if (g == 0) ahead.advance(a.Ev * ES);
       const T* v0 = vb + j * a.vs2;
-      const __m512 p0 = _mm512_set1_ps(s[j]);
-      for (int e = 0; e < NV; ++e) acc0[e] = _mm512_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
+      const w16f p0 = w16_set1_ps(s[j]);
+      for (int e = 0; e < NV; ++e) acc0[e] = w16_fmadd_ps(p0, load_kv(v0, e), acc0[e]);
     }
     float* oh = a.op + (b * a.H + h) * a.Ev;
-    const __m512 inv = _mm512_set1_ps(1.f / total);
+    const w16f inv = w16_set1_ps(1.f / total);
     for (int e = 0; e < NV; ++e) {
-      const __m512 r = _mm512_mul_ps(_mm512_add_ps(acc0[e], acc1[e]), inv);
-      if (e == NV - 1) _mm512_mask_storeu_ps(oh + 16 * e, em, r);
-      else _mm512_storeu_ps(oh + 16 * e, r);
+      const w16f r = w16_mul_ps(w16_add_ps(acc0[e], acc1[e]), inv);
+      if (e == NV - 1) w16_mask_storeu_ps(oh + 16 * e, em, r);
+      else w16_storeu_ps(oh + 16 * e, r);
     }
   }
 }
@@ -408,7 +406,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
           Vec dot(0.f);
           int64_t e = 0;
           for (; e + Vec::size() <= E; e += Vec::size()) dot = at::vec::fmadd(Vec::loadu(qh + e), Vec::loadu(kj + e), dot);
-          float d = _mm512_reduce_add_ps(dot);
+          float d = lane_sum(dot);
           for (; e < E; ++e) d += qh[e] * kj[e];
           d *= sc;
           if (tp) d += tp[b * tb + h * th + j * ts];
@@ -425,7 +423,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
           p.store(s + j);
           vsum = vsum + p;
         }
-        total = _mm512_reduce_add_ps(vsum);
+        total = lane_sum(vsum);
         for (; j < n; ++j) {
           s[j] = std::exp(s[j] - mx);
           total += s[j];
@@ -448,8 +446,6 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return out;
 }
 
-#endif
-
 // x @ weight^T over the panels fast/panels.py made of ``weight`` when it still has the version it had
 // then (-1: an inference tensor, which cannot change), the plain product otherwise: an in-place
 // update after packing (an optimizer step, load_state_dict's copy_) is never multiplied stale.
@@ -470,7 +466,5 @@ TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
-#if defined(__AVX512F__)
   m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
-#endif
 }

@@ -10,7 +10,7 @@
 //
 // Why not at::vec: the integer dot products (maddubs / madd / dpbusd) and the masked tails have no
 // at::vec form, and the panels' 16-output layout is fixed by fast/formats.py for both widths.
-// Only the operations the kernels use are here; decode attention (kernels.cpp) stays AVX-512 only.
+// Only the operations the kernels use are here.
 #pragma once
 
 #include <immintrin.h>
@@ -64,6 +64,9 @@ using w16mask32 = __mmask32;
 #define w16_cvtph_ps _mm512_cvtph_ps
 #define w16_cvtepi8_epi32 _mm512_cvtepi8_epi32
 #define w16_castsi512_ps _mm512_castsi512_ps
+#define w16_load_ps _mm512_load_ps
+#define w16_mask_max_ps _mm512_mask_max_ps
+#define w16_mask_add_ps _mm512_mask_add_ps
 
 // w negated in the bytes where x is negative (int8's dot products without VNNI: |x| times the sign
 // moved onto the weight).
@@ -73,6 +76,27 @@ inline __m512i w16_sign_of_x_epi8(__m512i w, __m512i x) {
 // low | (high & mask), one `vpternlogd`.
 inline __m512i w16_or_and(__m512i low, __m512i high, __m512i mask) {
   return _mm512_ternarylogic_epi32(low, high, mask, 0xF8);
+}
+
+// 16 vectors -> the vector of their 16 horizontal sums, in order: a transpose-and-add tree (15
+// adds and 31 shuffles for 16 keys, where 16 separate horizontal sums take ~4x the work).
+inline __m512 w16_reduce16(const __m512* a) {
+  __m512 r[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // r[i] = [a[2i]'s two 256-bit halves added | a[2i+1]'s]
+    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // u[i]: 128-bit quarter t holds 4 partial sums of a[4i + t]
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // w[i]: quarter t holds 2 partials of a[8i + t], then 2 of a[8i + 4 + t]
+    w[i] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0x44), _mm512_shuffle_ps(u[2 * i], u[2 * i + 1], 0xEE));
+  // lane 4t + i: the sum of a[4i + t]; put it in lane 4i + t
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+// 16 bf16 (the top halves of fp32s) widened to fp32, zero where the mask's bit is clear.
+inline __m512 w16_widen_bf16(const uint16_t* p, __mmask16 m) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -109,8 +133,10 @@ inline __m256i w16_lanes(unsigned bits) {
   return _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits & 0xFF)), bit), bit);
 }
 inline w16f w16_maskz_loadu_ps(w16mask m, const float* p) {  // masked lanes are not read (cannot fault)
+  if (m == 0xFFFF) return w16_loadu_ps(p);
   return {_mm256_maskload_ps(p, w16_lanes(m)), _mm256_maskload_ps(p + 8, w16_lanes(m >> 8))};
 }
+inline w16f w16_load_ps(const float* p) { return w16_loadu_ps(p); }
 inline void w16_mask_storeu_ps(float* p, w16mask m, w16f a) {
   _mm256_maskstore_ps(p, w16_lanes(m), a.lo);
   _mm256_maskstore_ps(p + 8, w16_lanes(m >> 8), a.hi);
@@ -140,6 +166,14 @@ W16_BINARY(w16_sign_of_x_epi8, _mm256_sign_epi8, w16i)  // also 0 where x is 0, 
 #undef W16_BINARY
 // Declared only: the kernels' VNNI branches (`if constexpr`) are never instantiated in this build.
 w16i w16_dpbusd_epi32(w16i acc, w16i u, w16i s);
+
+// a op b where the mask's bit is set, src elsewhere.
+inline w16f w16_blend(w16f src, w16mask m, w16f v) {
+  return {_mm256_blendv_ps(src.lo, v.lo, _mm256_castsi256_ps(w16_lanes(m))),
+          _mm256_blendv_ps(src.hi, v.hi, _mm256_castsi256_ps(w16_lanes(m >> 8)))};
+}
+inline w16f w16_mask_max_ps(w16f src, w16mask m, w16f a, w16f b) { return w16_blend(src, m, w16_max_ps(a, b)); }
+inline w16f w16_mask_add_ps(w16f src, w16mask m, w16f a, w16f b) { return w16_blend(src, m, w16_add_ps(a, b)); }
 
 inline w16f w16_abs_ps(w16f a) {
   const __m256 m = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
@@ -194,6 +228,34 @@ inline w16f w16_cvtph_ps(__m256i h) {  // 16 f16 -> fp32
 }
 inline w16i w16_cvtepi8_epi32(__m128i b) {  // 16 int8 -> int32
   return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+}
+
+// 8 vectors -> the vector of their 8 horizontal sums, in order (two hadd levels, then the halves).
+inline __m256 w16_reduce8(const __m256* h) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(h[4], h[5]), _mm256_hadd_ps(h[6], h[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+// 16 vectors -> the vector of their 16 horizontal sums, in order.
+inline w16f w16_reduce16(const w16f* a) {
+  __m256 h[16];
+  for (int i = 0; i < 16; ++i) h[i] = _mm256_add_ps(a[i].lo, a[i].hi);
+  return {w16_reduce8(h), w16_reduce8(h + 8)};
+}
+// 16 bf16 (the top halves of fp32s) widened to fp32, zero where the mask's bit is clear.
+inline w16f w16_widen_bf16(const uint16_t* p, w16mask m) {
+  __m256i v;
+  if (m == 0xFFFF) {
+    v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  } else {  // a tail: elementwise
+    alignas(32) uint16_t b[16] = {};
+    for (int i = 0; i < 16; ++i)
+      if (m >> i & 1u) b[i] = p[i];
+    v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+  }
+  const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16);
+  const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16);
+  return {_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi)};
 }
 
 #else
