@@ -351,14 +351,18 @@ def torch_streamed_bytes(model) -> int:
     return total if tied else total - table.numel() * table.element_size()
 
 
+def native_isa() -> str | None:
+    """The instruction set torchformer's kernels are built for here (fast/native.py): avx512, avx2, None."""
+    from torchformer.fast.native import isa
+
+    return isa()
+
+
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether the CPU advertises AMX int8 tiles (Linux; False where cpuinfo cannot be read)."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return False
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return "amx_int8" in flags
+    from torchformer.fast.native import cpu_flags
+
+    return "amx_int8" in cpu_flags(cpuinfo)
 
 
 # llama-cpp-python 0.3.36 built with GGML_NATIVE segfaults in ggml's AMX product
@@ -1067,16 +1071,21 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     skip_notes = "".join(f"- {k} not measured: {v}\n" for k, v in skipped.items() if v)
     # (RESULTS.md key, title, text): one section per shape and one for serving, so a toy run and a
-    # 1B run each keep their own table and command.
+    # 1B run each keep their own table and command; a CPU without AVX-512 (the kernels' AVX2 build,
+    # fast/csrc/wide.h) keeps its own too, next to the AVX-512 machines' tables.
+    isa = "" if native_isa() in ("avx512", None) else f"-{native_isa()}"
+    on = f", {native_isa().upper()} CPU" if isa else ""
     sections = [
-        (f"engines-{shape}", f"CPU engines, {shape} shape: torchformer vs llama.cpp and CTranslate2 (issue 25)",
+        (f"engines-{shape}{isa}",
+         f"CPU engines, {shape} shape{on}: torchformer vs llama.cpp and CTranslate2 (issue 25)",
          run_shape(shape, args, skipped, logs) + skip_notes)
         for shape in ([] if args.skip_engines else args.shapes)
     ]  # fmt: skip
     if not args.skip_serve:
         shape = args.serve_shape or args.shapes[-1]
         title = f"Serving, {shape} shape: torchformer serve vs llama.cpp's server (issue 25)"
-        sections.append((f"engines-serve-{shape}", title, run_serve(shape, args, skipped)))
+        sections.append((f"engines-serve-{shape}{isa}", title.replace(" shape:", f" shape{on}:"),
+                         run_serve(shape, args, skipped)))
     for _, title, text in sections:
         print(f"## {title}\n\n{text}")
     if args.write:
