@@ -7,7 +7,9 @@
 // registers (what these products did before) costs 3-4 instructions per 16 weights, so int4 read
 // ~5.5 GB/s on one core here, bound by instructions rather than memory. An integer dot product does
 // 64 multiply-adds in one instruction (AVX512-VNNI `vpdpbusd`; two, `vpmaddubsw` + `vpmaddwd`, on a
-// CPU without VNNI). The VNNI variant is picked once per process from the CPU (`vnni()`).
+// CPU without VNNI). The VNNI variant is picked once per process from the CPU (`vnni()`). On an
+// AVX2 CPU (the build of wide.h) each 16-lane step is two 256-bit ones, with `vpsignb` for int8's
+// sign move; there is no VNNI copy.
 //
 // Layout (fast/formats.py writes it): panels of 16 output rows, as kernels.cpp's, each one
 // sequential stream; in a panel, each 64-byte line holds the 16 outputs' weights for a few
