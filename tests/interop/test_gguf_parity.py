@@ -121,7 +121,8 @@ def test_f32_logits_equal_the_hugging_face_model(family):
 
 
 @pytest.mark.parametrize(
-    "family", ["llama", "qwen2", "gemma2", "phi3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "deepseek2"]
+    "family",
+    ["llama", "llama-tied", "qwen2", "gemma2", "phi3", "gptneox", "olmo2", "qwen2moe", "qwen3moe", "deepseek2"],
 )
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_K_M"])
 def test_quantized_logits_within_the_formats_error(family, kind):
@@ -149,6 +150,23 @@ def test_quantized_projections_are_our_modules_equal_to_ggufs_dequantization(kin
     else:
         assert model.quantization is not None and model.quantization.scheme == scheme
         assert model.quantization.group_size == 32
+
+
+@pytest.mark.parametrize("kind,group", [("Q8_0", 32), ("Q4_0", 16)])  # Q4_0 files keep the table in Q6_K
+def test_a_tied_head_runs_the_tables_bytes_as_stored_and_the_lookup_the_same_numbers(kind, group):
+    """A tied model's table (token_embd, no output.weight) is both the lookup and the head: the head
+    gets its own quantized module over the file's bytes (a decode step reads them as stored, not a
+    float32 table 4-5x their size), the lookup a float table of the same numbers."""
+    import gguf
+
+    path = gguf_file("llama-tied", kind)
+    t = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    assert "output.weight" not in {t.name for t in gguf.GGUFReader(path).tensors}
+    expected = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type))
+    model = from_gguf(path)
+    assert isinstance(model.lm_head, Int8Linear) and model.lm_head.group_size == group
+    assert torch.equal(model.lm_head.dequantized(), expected)
+    assert torch.equal(model.embed.tok.weight, expected) and model.embed.tok.weight.dtype == torch.float32
 
 
 # GGUF tensor kind -> our module's path in a block

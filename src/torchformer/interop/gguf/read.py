@@ -171,8 +171,11 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
         hf_name = next(iter(plain.tensors), None)
         if len(plain.tensors) != 1 or plain.tensors[hf_name] is not lin.weight:
             continue  # fused or transformed by the key map: loaded as floats
+        tied = hf_name not in names and name == "lm_head"
+        if tied:  # the head reads the input embedding's tensor
+            hf_name = _tied_source(model, keymap, lin)
         if hf_name not in names or hf_name in experts or f.type_name(names[hf_name]) not in QUANTIZED_LINEARS:
-            continue  # a tied head (the embedding's tensor), an expert, or a type loaded as floats
+            continue  # an expert, a type loaded as floats, or a tied head whose table is float
         filled = (weight,)
         bias = None
         if lin.bias is not None:
@@ -184,8 +187,21 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
         module = load(rows(hf_name), tuple(lin.weight.shape), bias)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
-        done[hf_name] = filled
+        # A tied head gets its own module over the file's bytes, as tfm.quantize gives it its own
+        # copy: a decode step reads the head as stored (a Q4_0 file's Q6_K table, 0.82 bytes a
+        # weight) instead of the float table (4 in float32); the embedding still loads as floats.
+        if not tied:
+            done[hf_name] = filled
     return done
+
+
+def _tied_source(model: nn.Module, keymap, head: nn.Linear) -> str | None:
+    """The file's (HF) name of the tensor a tied head shares with the input embedding, or None."""
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if param is head.weight and not name.startswith("lm_head."):
+            plain = keymap.to_theirs({name: param}).tensors
+            return next(iter(plain)) if len(plain) == 1 and next(iter(plain.values())) is param else None
+    return None
 
 
 def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> None:
