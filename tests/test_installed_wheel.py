@@ -35,6 +35,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("installed_wheel")]
 def run(cmd: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["OMP_NUM_THREADS"] = "2"
+    # The library paths: a fresh venv would build the CPU kernels (~1-2 min) for these runs; the
+    # wheel carrying their sources is checked by name (test_sdist_and_wheel_carry_the_package_data).
+    env["TORCHFORMER_NATIVE"] = "0"
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -74,6 +77,9 @@ def test_sdist_and_wheel_carry_the_package_data(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     for name in ("torchformer/py.typed", *(f"torchformer/recipes/{r}.yaml" for r in ("shakespeare-char", "reverse"))):
         assert name in names
+    csrc = Path(torchformer.__file__).parent / "fast" / "csrc"  # the kernels' sources and headers
+    kernels = {f"torchformer/fast/csrc/{p.name}" for p in csrc.iterdir() if p.is_file()}
+    assert {"torchformer/fast/csrc/wide.h", "torchformer/fast/csrc/quantized_kernels.inc"} <= kernels <= names
     with tarfile.open(installed["sdist"]) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
     wanted = {"pyproject.toml", "README.md", "LICENSE", "constraints.txt", "src/torchformer/recipes/reverse.yaml"}
