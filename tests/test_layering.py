@@ -12,7 +12,6 @@ it. Nor may the modules' graph have a circle, inside a room either.
              text/                                      byte-level BPE's alphabet, chat templates
              atomic.py  extras.py  host_memory.py       the atomic writer, optional dependencies,
              _version.py                                glibc's freed-memory setting, the version
-             _openmp.py                                 OpenMP's spin count, set before torch loads
     floor 1  nn/                                       building blocks, none knowing its model;
                                                         nn/loss.py: the token loss all rooms sum
              presets.py (+ moe_presets.py)              named shapes as data (one room, two files)
@@ -44,7 +43,7 @@ import torchformer
 
 SRC = Path(torchformer.__file__).parent
 FLOORS = [
-    {"configs", "text", "atomic", "extras", "host_memory", "_version", "_openmp"},
+    {"configs", "text", "atomic", "extras", "host_memory", "_version"},
     {"nn", "presets"},
     {"fast"},
     {"models"},

@@ -3,12 +3,7 @@
 The public surface (DESIGN section 5) is re-exported here; no logic lives in this file.
 """
 
-from . import (
-    _openmp,  # noqa: F401  (first: it sets the OpenMP spin count before torch loads)
-    analysis,
-    lora,
-    presets,
-)
+from . import analysis, lora, presets
 from ._version import __version__
 from .analysis.accounting import count_params, flops_per_token, kv_cache_bytes
 from .configs import (
