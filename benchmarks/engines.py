@@ -351,18 +351,16 @@ def torch_streamed_bytes(model) -> int:
     return total if tied else total - table.numel() * table.element_size()
 
 
-def native_isa() -> str | None:
-    """The instruction set torchformer's kernels are built for here (fast/native.py): avx512, avx2, None."""
-    from torchformer.fast.native import isa
-
-    return isa()
-
-
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the CPU advertises AMX int8 tiles (Linux; False where cpuinfo cannot be read)."""
-    from torchformer.fast.native import cpu_flags
-
-    return "amx_int8" in cpu_flags(cpuinfo)
+    """Whether the CPU advertises AMX int8 tiles (Linux; False where cpuinfo cannot be read).
+    Read here, not through torchformer.fast.native.cpu_flags: this runs when the module is imported,
+    also in the peers' workers, which must not load torch (~300-430 MB of their measured RSS)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return "amx_int8" in flags
 
 
 # llama-cpp-python 0.3.36 built with GGML_NATIVE segfaults in ggml's AMX product
@@ -1073,8 +1071,11 @@ def main(argv: list[str] | None = None) -> int:
     # (RESULTS.md key, title, text): one section per shape and one for serving, so a toy run and a
     # 1B run each keep their own table and command; a CPU without AVX-512 (the kernels' AVX2 build,
     # fast/csrc/wide.h) keeps its own too, next to the AVX-512 machines' tables.
-    isa = "" if native_isa() in ("avx512", None) else f"-{native_isa()}"
-    on = f", {native_isa().upper()} CPU" if isa else ""
+    from torchformer.fast.native import isa as kernels_isa  # the parent only: no worker loads torch for it
+
+    kind = kernels_isa()
+    isa = "" if kind in ("avx512", None) else f"-{kind}"
+    on = f", {kind.upper()} CPU" if isa else ""
     sections = [
         (f"engines-{shape}{isa}",
          f"CPU engines, {shape} shape{on}: torchformer vs llama.cpp and CTranslate2 (issue 25)",

@@ -4,6 +4,8 @@ table's arithmetic, and a clean exit when llama.cpp is not installed (`make benc
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +97,11 @@ def test_amx_is_read_from_the_cpu_flags(tmp_path):
     info.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni avx512_bf16\nbugs\t\t: amx_int8\n")
     assert not engines.cpu_has_amx(str(info))
     assert not engines.cpu_has_amx(str(tmp_path / "missing"))
+
+
+def test_importing_the_benchmark_loads_no_torch():
+    """The peers' workers run this module: torch loaded there would count in their peak RSS (it added
+    ~300-430 MB to llama.cpp's when cpu_has_amx read the flags through torchformer)."""
+    code = "import sys, benchmarks.engines; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"

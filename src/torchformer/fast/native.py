@@ -66,10 +66,10 @@ def flags() -> list[str]:
     return FLAGS[isa() or "avx512"]
 
 
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags as Linux names them (empty where cpuinfo cannot be read)."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (empty where /proc/cpuinfo cannot be read)."""
     try:
-        text = Path(cpuinfo).read_text()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return frozenset()
     for line in text.splitlines():
