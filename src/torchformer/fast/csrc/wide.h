@@ -141,12 +141,16 @@ inline void w16_mask_storeu_ps(float* p, w16mask m, w16f a) {
   _mm256_maskstore_ps(p, w16_lanes(m), a.lo);
   _mm256_maskstore_ps(p + 8, w16_lanes(m >> 8), a.hi);
 }
-// 32 16-bit elements, zero where the mask's bit is clear (a tail: rare, so elementwise).
-inline w16i w16_maskz_loadu_epi16(w16mask32 m, const void* p) {
-  alignas(32) uint16_t v[32] = {};
+// N 16-bit elements at p into out, zero where the mask's bit is clear (tails: rare, so elementwise;
+// masked elements are not read).
+template <int N>
+inline void w16_masked_u16(const void* p, uint32_t m, uint16_t* out) {
   const uint16_t* s = static_cast<const uint16_t*>(p);
-  for (int i = 0; i < 32; ++i)
-    if (m >> i & 1u) v[i] = s[i];
+  for (int i = 0; i < N; ++i) out[i] = (m >> i & 1u) ? s[i] : 0;
+}
+inline w16i w16_maskz_loadu_epi16(w16mask32 m, const void* p) {  // 32 elements
+  alignas(32) uint16_t v[32];
+  w16_masked_u16<32>(p, m, v);
   return w16_loadu_si512(v);
 }
 
@@ -247,10 +251,9 @@ inline w16f w16_widen_bf16(const uint16_t* p, w16mask m) {
   __m256i v;
   if (m == 0xFFFF) {
     v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  } else {  // a tail: elementwise
-    alignas(32) uint16_t b[16] = {};
-    for (int i = 0; i < 16; ++i)
-      if (m >> i & 1u) b[i] = p[i];
+  } else {
+    alignas(32) uint16_t b[16];
+    w16_masked_u16<16>(p, m, b);
     v = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
   }
   const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16);
