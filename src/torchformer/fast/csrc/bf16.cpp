@@ -38,32 +38,60 @@ void split_pairs(const float* x, int64_t R, int64_t K, float* xs, int64_t Kp) {
   }
 }
 
-// Rows [0, MB) of the split x against weight rows [n0, n1), one weight row at a time.
+// x rows per pass over a weight row, and whether each row keeps two accumulators (even and odd
+// weights: two FMA chains) or one. AVX-512 has 32 registers: 8 rows x 2 accumulators. AVX2 has 16
+// (of 8 lanes; a w16 vector is two): 8 rows x 2 x 2 halves would spill every FMA's accumulator to
+// the stack, so AVX2 takes 4 rows a pass (one accumulator each: 8 registers and 8 FMA chains), the
+// next 4 re-reading the weight row from L1, and 1-2 rows keep the two (4-8 chains).
+#if defined(__AVX512F__)
+constexpr int PASS = 8;
 template <int MB>
-void dot_rows(const float* xs, int64_t Kp, int64_t K, const uint16_t* w, int64_t n0, int64_t n1, float* out,
-              int64_t ldo) {
+constexpr bool SPLIT = true;
+#else
+constexpr int PASS = 4;
+template <int MB>
+constexpr bool SPLIT = MB <= 2;
+#endif
+
+// Rows [0, MB) of the split x (MB <= PASS) against the weight row wr: out[m * ldo].
+template <int MB, bool PF>
+inline void row_dot(const float* xs, int64_t Kp, int64_t K, const uint16_t* wr, float* out, int64_t ldo) {
   const w16i high = w16_set1_epi32(static_cast<int>(0xFFFF0000u));
   const int64_t full = K / PAIR * PAIR;
   const w16mask32 tail = static_cast<w16mask32>((1ull << (K - full)) - 1);
+  w16f even[MB], odd[MB];
+  for (int m = 0; m < MB; ++m) even[m] = odd[m] = w16_setzero_ps();
+  auto step = [&](w16i v, int64_t k) {
+    const w16f we = w16_castsi512_ps(w16_slli_epi32(v, 16));
+    const w16f wo = w16_castsi512_ps(w16_and_si512(v, high));
+    for (int m = 0; m < MB; ++m) {
+      even[m] = w16_fmadd_ps(we, w16_loadu_ps(xs + m * Kp + k), even[m]);
+      if constexpr (SPLIT<MB>)
+        odd[m] = w16_fmadd_ps(wo, w16_loadu_ps(xs + m * Kp + k + 16), odd[m]);
+      else
+        even[m] = w16_fmadd_ps(wo, w16_loadu_ps(xs + m * Kp + k + 16), even[m]);
+    }
+  };
+  int64_t k = 0;
+  for (; k < full; k += PAIR) {
+    if constexpr (PF) prefetch_l2(reinterpret_cast<const uint8_t*>(wr + k) + AHEAD);
+    step(w16_loadu_si512(wr + k), k);
+  }
+  if (k < K) step(w16_maskz_loadu_epi16(tail, wr + k), k);
+  for (int m = 0; m < MB; ++m)
+    out[m * ldo] = w16_reduce_add_ps(SPLIT<MB> ? w16_add_ps(even[m], odd[m]) : even[m]);
+}
+
+// Rows [0, MB) of the split x against weight rows [n0, n1), one weight row at a time: PASS rows,
+// then the rest over the same row from L1.
+template <int MB>
+void dot_rows(const float* xs, int64_t Kp, int64_t K, const uint16_t* w, int64_t n0, int64_t n1, float* out,
+              int64_t ldo) {
+  constexpr int FIRST = MB < PASS ? MB : PASS;
   for (int64_t n = n0; n < n1; ++n) {
     const uint16_t* wr = w + n * K;
-    w16f even[MB], odd[MB];
-    for (int m = 0; m < MB; ++m) even[m] = odd[m] = w16_setzero_ps();
-    auto step = [&](w16i v, int64_t k) {
-      const w16f we = w16_castsi512_ps(w16_slli_epi32(v, 16));
-      const w16f wo = w16_castsi512_ps(w16_and_si512(v, high));
-      for (int m = 0; m < MB; ++m) {
-        even[m] = w16_fmadd_ps(we, w16_loadu_ps(xs + m * Kp + k), even[m]);
-        odd[m] = w16_fmadd_ps(wo, w16_loadu_ps(xs + m * Kp + k + 16), odd[m]);
-      }
-    };
-    int64_t k = 0;
-    for (; k < full; k += PAIR) {
-      prefetch_l2(reinterpret_cast<const uint8_t*>(wr + k) + AHEAD);
-      step(w16_loadu_si512(wr + k), k);
-    }
-    if (k < K) step(w16_maskz_loadu_epi16(tail, wr + k), k);
-    for (int m = 0; m < MB; ++m) out[m * ldo + n] = w16_reduce_add_ps(w16_add_ps(even[m], odd[m]));
+    row_dot<FIRST, true>(xs, Kp, K, wr, out + n, ldo);
+    if constexpr (MB > PASS) row_dot<MB - PASS, false>(xs + PASS * Kp, Kp, K, wr, out + PASS * ldo + n, ldo);
   }
 }
 
