@@ -105,3 +105,33 @@ def test_importing_the_benchmark_loads_no_torch():
     code = "import sys, benchmarks.engines; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bytes_a_step_reads_come_from_the_panels_without_building_portable_copies(monkeypatch, tied):
+    """torch_streamed_bytes once went through state_dict, whose panel modules build their portable
+    copies: ~2 GB of temporaries in the 1B shape's measured peak RSS. Expected, from the shapes: the
+    int4 panels (16-output panels of K/8 lines of 4 bytes, an fp32 scale per group and lane), their
+    fp32 biases, and the float parameters but the input table (the head, tied or not, is its own
+    quantized copy: a step reads that, not the table)."""
+    import torchformer as tfm
+    from tests.grid import build, variants
+    from torchformer.fast import formats
+
+    v = next(v for v in variants(("decoder",)) if (not v["bias"]) == tied)
+    model = tfm.quantize(build(v), "int4", group_size=16)
+    quantized = [m for m in model.modules() if isinstance(m, formats.PanelLinear)]
+    if not quantized:
+        pytest.skip("the CPU kernels are not built here (TORCHFORMER_NATIVE=0 or no AVX2)")
+
+    def built(self):
+        raise AssertionError("a portable copy was built")
+
+    monkeypatch.setattr(formats.PanelLinear, "portable", built)
+    k8, groups = (lambda m: m.in_features // 8), (lambda m: m.in_features // 16)
+    panels = sum(-(-m.out_features // 16) * 16 * (4 * k8(m) + 4 * groups(m)) for m in quantized)
+    biases = sum(4 * m.out_features for m in quantized if m.bias is not None)
+    assert biases > 0 if not tied else biases == 0  # the grid's bias rows are its untied ones
+    floats = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed.tok.weight")
+    assert model.lm_head in quantized
+    assert engines.torch_streamed_bytes(model) == panels + biases + floats
