@@ -135,6 +135,12 @@ def release_mapped(tensor) -> int:
     else:
         storage = tensor.untyped_storage()
         start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+    return release_mapped_range(start, end)
+
+
+def release_mapped_range(start: int, end: int) -> int:
+    """release_mapped for the bytes [start, end) of this process's memory (a numpy view of a mapped
+    file: the GGUF reader's tensors); the same conditions."""
     first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the tensor only
     if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end):
         return 0

@@ -59,3 +59,43 @@ def test_q6_k_loads_into_int8_group_16_and_runs_from_6_bits():
         step = x.view(2, -1, 16).abs().amax(-1) / 127  # (2, K/16)
         bound = 0.5 * step @ expected.abs().view(n, -1, 16).sum(-1).T  # (2, N)
         assert ((out - x @ expected.T).abs() <= bound * 1.001 + 1e-6).all()
+
+
+def test_q6_k_unpacked_a_few_rows_at_a_time_equals_the_whole(monkeypatch):
+    """by_rows (the load's memory: a whole head's temporaries at once were ~1.3 GB at the 1B shape):
+    with blocks of 3 rows, the last one short, the values are gguf's dequantization as before."""
+    from torchformer.interop.gguf import weights
+
+    rng = np.random.default_rng(1)
+    n, k = 20, 512
+    blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
+    blocks[..., 208:] = (rng.standard_normal((n, k // 256, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    rows = blocks.reshape(n, -1)
+    monkeypatch.setattr(weights, "UNPACK_VALUES", 3 * k)
+    module = weights.q6_k_linear(torch.from_numpy(rows.copy()), (n, k), None)
+    expected = torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType.Q6_K))
+    assert torch.equal(module.dequantized(), expected)
+
+
+@pytest.mark.parametrize("kind", ["Q5_1", "Q4_0", "F16"])
+def test_a_tensor_loaded_as_floats_is_dequantized_a_block_of_rows_at_a_time(monkeypatch, kind):
+    """float_tensor dequantizes a few rows at a time into the result (gguf's whole-tensor
+    dequantization held ~1 GB of float32 and its intermediates for a 1B token table): with blocks of
+    2 rows it equals gguf's dequantization of the whole tensor, in the dtype asked for."""
+    from torchformer.interop.gguf import weights
+
+    kind_id = getattr(gguf.GGMLQuantizationType, kind)
+    w = np.random.default_rng(2).standard_normal((7, 512)).astype(np.float32)
+    stored = w.astype(np.float16) if kind == "F16" else gguf.quants.quantize(w, kind_id)
+
+    class File:  # float_tensor reads the type of the name only
+        tensors = {"t": type("T", (), {"tensor_type": kind_id})()}
+
+        @staticmethod
+        def type_name(name):
+            return kind
+
+    monkeypatch.setattr(weights, "DEQUANTIZE_BYTES", 2 * stored.shape[1] * stored.itemsize)
+    out = weights.float_tensor(File, "t", torch.from_numpy(stored.copy()), torch.bfloat16, (7, 512))
+    expected = torch.from_numpy(gguf.quants.dequantize(stored, kind_id).astype(np.float32)).to(torch.bfloat16)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, expected)

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from ...configs import ModelConfig
-from ...fast.formats import prepare
+from ...fast.formats import prepare, prepared
+from ...host_memory import trim
 from ...models.build import QUANT_LINEARS
 from ...models.quantize import Quantization, targets
 from ...models.saving import build_meta, materialize, unique_state
@@ -115,6 +116,7 @@ def from_gguf(
     if quantized:
         _record_quantization(model)
         prepare(model)  # the CPU kernels' panels where they run (fast/formats.py)
+    trim()  # the heap pages the load's temporaries freed go back to the system
     return model
 
 
@@ -184,7 +186,9 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
             bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype, shape), (weight, f"{name}.bias")
             done[hf_bias] = ()
         load = QUANTIZED_LINEARS[f.type_name(names[hf_name])][0]
-        module = load(rows(hf_name), tuple(lin.weight.shape), bias)
+        # Into the kernels' panels at once (fast/formats.py prepared): holding every projection in
+        # the portable layout until the end held the model twice over at the load's peak.
+        module = prepared(load(rows(hf_name), tuple(lin.weight.shape), bias))
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
         # A tied head gets its own module over the file's bytes, as tfm.quantize gives it its own

@@ -37,11 +37,14 @@ topped by the 2 spare bits of bytes j / 4 + j.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from ...fast.two_level import TwoLevel
+from ...host_memory import release_mapped_range
 from ...nn.quant import Int4Linear, Int8Linear
 from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
@@ -49,6 +52,8 @@ from .container import FLOAT_TYPES, GGUFFile, gguf_module
 Q4_0_GROUP = Q8_0_GROUP = Q4_K_GROUP = 32
 Q6_K_GROUP = 16
 QK_K = 256  # inputs per K-quant super-block
+UNPACK_VALUES = 1 << 22  # weights unpacked at a time (by_rows)
+DEQUANTIZE_BYTES = 1 << 22  # stored bytes dequantized at a time (float_tensor): ~4 MB, ~30 MB of float32
 
 
 def raw_rows(f: GGUFFile, name: str) -> Tensor:
@@ -56,8 +61,13 @@ def raw_rows(f: GGUFFile, name: str) -> Tensor:
     reader maps the file read-only, and a model owns its weights)."""
     data = np.asarray(f.tensors[name].data)
     if f.type_name(name) == "BF16":  # stored as raw 16-bit words
-        return torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).reshape(f.torch_shape(name))
-    return torch.from_numpy(data.copy())
+        out = torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).reshape(f.torch_shape(name))
+    else:
+        out = torch.from_numpy(data.copy())
+    # The file's pages just read leave this process's resident set (a later read faults them back
+    # in from the file): a load held the whole file besides the model it made.
+    release_mapped_range(data.ctypes.data, data.ctypes.data + data.nbytes)
+    return out
 
 
 def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
@@ -66,9 +76,17 @@ def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape
     kind = f.type_name(name)
     if kind in FLOAT_TYPES:
         return rows.reshape(shape).to(dtype)
-    gguf = gguf_module()
-    values = gguf.quants.dequantize(rows.numpy(), f.tensors[name].tensor_type)
-    return torch.from_numpy(values).reshape(shape).to(dtype)
+    # Dequantized a block of rows at a time into the result: gguf's numpy dequantization of a whole
+    # tensor holds it in float32 and its intermediates besides (a Llama-3.2-1B Q4_0 file's Q6_K
+    # token table: 0.2 GB of bytes, ~1 GB of float32 each; the load peaked at 4.3 GB).
+    gguf, kind_id = gguf_module(), f.tensors[name].tensor_type
+    flat = (rows.reshape(rows.shape[0], -1) if rows.dim() > 1 else rows.reshape(1, -1)).contiguous()  # (rows, bytes)
+    out = torch.empty(flat.shape[0], math.prod(shape) // flat.shape[0], dtype=dtype)  # (rows, values)
+    step = max(1, DEQUANTIZE_BYTES // max(1, flat.shape[1]))
+    for start in range(0, flat.shape[0], step):
+        part = gguf.quants.dequantize(flat[start : start + step].numpy(), kind_id)
+        out[start : start + step] = torch.from_numpy(part).reshape(-1, out.shape[1])
+    return out.reshape(shape)
 
 
 def blocks(rows: Tensor, shape: tuple[int, int], payload: int) -> tuple[Tensor, Tensor]:
@@ -126,14 +144,29 @@ def q6_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     b = super_blocks(rows, shape, 210)  # (N, K/256, 210)
     ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
     sc, d = b[..., 192:208].contiguous().view(torch.int8), half(b[..., 208:])  # (N, K/256, 16), (N, K/256, 1)
-    low = nibble_halves(ql)  # (N, K/256, 2, 128): input 128h + i's low 4 bits
     shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
-    high = ((qh >> shifts) & 3).reshape(n, -1, 2, 128)  # input 128h + 32j + i's top 2 bits
-    q = ((low | (high << 4)).to(torch.int16) - 32).to(torch.int8).reshape(n, k)  # (N, K) in [-32, 31]
+
+    def values(rows: slice) -> Tensor:  # (rows, K) in [-32, 31]
+        low = nibble_halves(ql[rows])  # (rows, K/256, 2, 128): input 128h + i's low 4 bits
+        high = ((qh[rows] >> shifts) & 3).reshape(low.shape)  # input 128h + 32j + i's top 2 bits
+        return (low | (high << 4)).sub_(32).view(torch.int8).reshape(-1, k)  # u - 32, two's complement
+
+    q = by_rows(n, k, torch.int8, values)  # (N, K)
     scale = (d.float() * sc.float()).reshape(n, k // Q6_K_GROUP)  # (N, K/16)
     module = Int8Linear(q, scale, bias, Q6_K_GROUP)
     module.scale_parts = TwoLevel(sc.reshape(n, -1), d.reshape(n, -1), QK_K)
     return module
+
+
+def by_rows(n: int, k: int, dtype: torch.dtype, values) -> Tensor:
+    """(n, k) of ``dtype`` made a block of rows at a time by ``values(rows: slice)``: unpacking a
+    whole K-quant matrix at once held several temporaries of its size (a 1B head: ~1.3 GB)."""
+    out = torch.empty(n, k, dtype=dtype)
+    step = max(1, UNPACK_VALUES // k)
+    for start in range(0, n, step):
+        rows = slice(start, min(n, start + step))
+        out[rows] = values(rows)
+    return out
 
 
 def q4_k_scales(s: Tensor) -> tuple[Tensor, Tensor]:
