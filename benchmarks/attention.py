@@ -30,6 +30,7 @@ import time
 import torch
 
 import torchformer as tfm
+from benchmarks.engines import resident_bytes
 from benchmarks.results import write_section
 
 H, E = 8, 64
@@ -43,16 +44,11 @@ SYSTEMS = {"auto": "auto", "dense": "sdpa"}  # label -> backend word
 TARGET = 1.5  # issue 12: at T = 8192, at most 1.5x the memory and time of RoPE + SDPA
 
 
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 class PeakRSS:
     """Peak resident set size during the block, sampled on a thread."""
 
     def __enter__(self):
-        self.base = self.peak = rss()
+        self.base = self.peak = resident_bytes()
         self.running = True
         self.thread = threading.Thread(target=self.sample, daemon=True)
         self.thread.start()
@@ -60,13 +56,13 @@ class PeakRSS:
 
     def sample(self) -> None:
         while self.running:
-            self.peak = max(self.peak, rss())
+            self.peak = max(self.peak, resident_bytes())
             time.sleep(0.0005)
 
     def __exit__(self, *exc) -> None:
         self.running = False
         self.thread.join()
-        self.peak = max(self.peak, rss())
+        self.peak = max(self.peak, resident_bytes())
 
     @property
     def growth_mb(self) -> float:

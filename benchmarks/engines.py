@@ -296,6 +296,12 @@ def quiet(cmd: list[str], logfile: Path, env: dict | None = None) -> None:
 
 
 # --- the workers: one process per (system, format) -------------------------------------------------
+def resident_bytes() -> int:
+    """This process's resident set now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -339,23 +345,26 @@ class Torchformer:
         return elapsed
 
 
-def torch_streamed_bytes(model) -> int:
-    """Bytes a one-token step reads: all weights except the input embedding table, which the
-    head reads whole when tied (benchmarks.decode.streamed_bytes assumes an untied head).
-    Counted from the modules' own tensors (parameters, and the buffers of the quantized
-    projections: the kernels' panels and scales), never through state_dict: a panel module's
-    state_dict builds its portable copy (fast/quant_panels.py), which put ~2.3 GB of temporaries
-    into the 1B shape's measured peak RSS (int4: 3.5 GB against 1.4 GB generating)."""
+def torch_held_bytes(model) -> int:
+    """Bytes of the model's weights as held: its parameters (tied ones once) and the quantized
+    projections' buffers (the kernels' panels and scales). Counted from the modules' own tensors,
+    never through state_dict: a panel module's state_dict builds its portable copy
+    (fast/quant_panels.py), which put ~2 GB of temporaries into the 1B shape's measured peak RSS."""
     from torchformer.nn.quant import QuantLinear
 
     held = {id(t): t for t in model.parameters()}
     for m in model.modules():
         if isinstance(m, QuantLinear):
             held.update((id(b), b) for b in m.buffers(recurse=False) if b is not None)
-    total = sum(t.numel() * t.element_size() for t in held.values())
+    return sum(t.numel() * t.element_size() for t in held.values())
+
+
+def torch_streamed_bytes(model) -> int:
+    """Bytes a one-token step reads: the weights held, less the input embedding table unless the
+    head reads it whole (tied; benchmarks.decode.streamed_bytes assumes an untied head)."""
     table = model.embed.tok.weight
     tied = getattr(model.lm_head, "weight", None) is table
-    return total if tied else total - table.numel() * table.element_size()
+    return torch_held_bytes(model) - (0 if tied else table.numel() * table.element_size())
 
 
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:

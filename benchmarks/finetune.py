@@ -42,14 +42,11 @@ import time
 
 import torch
 
+from benchmarks.engines import resident_bytes
+
 SHAPE = dict(vocab_size=8192, d_model=512, n_layers=8, n_heads=8, d_ff=1376, seq_len=256)
 SYSTEMS = ("full", "lora")
 OBJECTIVES = ("sft", "dpo")
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def model_config():
@@ -81,7 +78,7 @@ def child(system: str, steps: int, threads: int, batch: int, malloc: str, object
     # fine-tuning: import it before the baseline so the peak counts weights, state and activations.
     importlib.import_module("torch._dynamo")
 
-    before = rss_bytes()
+    before = resident_bytes()
     torch.manual_seed(0)
     model = tfm.build_model(model_config())
     if system == "lora":

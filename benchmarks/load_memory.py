@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -24,11 +23,7 @@ def child(shape: str, fmt: str) -> dict:
 
     import torchformer as tfm
 
-    def resident() -> float:  # MiB
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-
-    before = resident()
+    before = engines.resident_bytes() / 2**20
     t0 = time.perf_counter()
     if fmt in GGUF:
         model = tfm.load_any(str(engines.gguf_file(shape, fmt, engines.CACHE)), dtype=torch.bfloat16)
@@ -38,11 +33,8 @@ def child(shape: str, fmt: str) -> dict:
         model = tfm.load_any(str(engines.hf_folder(shape, engines.CACHE)), dtype=torch.bfloat16, quantize=scheme,
                              group_size=group)  # fmt: skip
     seconds = time.perf_counter() - t0
-    table = model.embed.tok.weight
-    tied = getattr(model.lm_head, "weight", None) is table  # then the step's bytes count the table already
-    held = engines.torch_streamed_bytes(model) + (0 if tied else table.numel() * table.element_size())
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {"load_s": seconds, "before_mib": before, "rss_mib": resident(), "peak_mib": peak, "model_mib": held / 2**20}
+    return {"load_s": seconds, "before_mib": before, "rss_mib": engines.resident_bytes() / 2**20,
+            "peak_mib": engines.peak_rss_mb(), "model_mib": engines.torch_held_bytes(model) / 2**20}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

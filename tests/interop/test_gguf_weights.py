@@ -10,6 +10,7 @@ import torch
 
 from torchformer.fast import formats
 from torchformer.interop.gguf.weights import QUANTIZED_LINEARS
+from torchformer.nn import quant
 from torchformer.nn.quant import Int8Linear
 
 gguf = pytest.importorskip("gguf")
@@ -71,7 +72,7 @@ def test_q6_k_unpacked_a_few_rows_at_a_time_equals_the_whole(monkeypatch):
     blocks = rng.integers(0, 256, (n, k // 256, 210), dtype=np.uint8)
     blocks[..., 208:] = (rng.standard_normal((n, k // 256, 1)) * 1e-3).astype(np.float16).view(np.uint8)
     rows = blocks.reshape(n, -1)
-    monkeypatch.setattr(weights, "UNPACK_VALUES", 3 * k)
+    monkeypatch.setattr(quant, "BLOCK_BYTES", 3 * 4 * k)  # row_blocks: 3 rows of float32
     module = weights.q6_k_linear(torch.from_numpy(rows.copy()), (n, k), None)
     expected = torch.from_numpy(gguf.quants.dequantize(rows, gguf.GGMLQuantizationType.Q6_K))
     assert torch.equal(module.dequantized(), expected)
@@ -95,7 +96,7 @@ def test_a_tensor_loaded_as_floats_is_dequantized_a_block_of_rows_at_a_time(monk
         def type_name(name):
             return kind
 
-    monkeypatch.setattr(weights, "DEQUANTIZE_BYTES", 2 * stored.shape[1] * stored.itemsize)
+    monkeypatch.setattr(quant, "BLOCK_BYTES", 2 * 4 * 512)  # row_blocks: 2 rows of float32
     out = weights.float_tensor(File, "t", torch.from_numpy(stored.copy()), torch.bfloat16, (7, 512))
     expected = torch.from_numpy(gguf.quants.dequantize(stored, kind_id).astype(np.float32)).to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected)

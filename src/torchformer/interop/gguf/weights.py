@@ -45,15 +45,13 @@ from torch import Tensor
 
 from ...fast.two_level import TwoLevel
 from ...host_memory import release_mapped_range
-from ...nn.quant import Int4Linear, Int8Linear
+from ...nn.quant import Int4Linear, Int8Linear, row_blocks
 from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
 
 Q4_0_GROUP = Q8_0_GROUP = Q4_K_GROUP = 32
 Q6_K_GROUP = 16
 QK_K = 256  # inputs per K-quant super-block
-UNPACK_VALUES = 1 << 22  # weights unpacked at a time (by_rows)
-DEQUANTIZE_BYTES = 1 << 22  # stored bytes dequantized at a time (float_tensor): ~4 MB, ~30 MB of float32
 
 
 def raw_rows(f: GGUFFile, name: str) -> Tensor:
@@ -81,12 +79,12 @@ def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape
     # token table: 0.2 GB of bytes, ~1 GB of float32 each; the load peaked at 4.3 GB).
     gguf, kind_id = gguf_module(), f.tensors[name].tensor_type
     flat = (rows.reshape(rows.shape[0], -1) if rows.dim() > 1 else rows.reshape(1, -1)).contiguous()  # (rows, bytes)
-    out = torch.empty(flat.shape[0], math.prod(shape) // flat.shape[0], dtype=dtype)  # (rows, values)
-    step = max(1, DEQUANTIZE_BYTES // max(1, flat.shape[1]))
-    for start in range(0, flat.shape[0], step):
-        part = gguf.quants.dequantize(flat[start : start + step].numpy(), kind_id)
-        out[start : start + step] = torch.from_numpy(part).reshape(-1, out.shape[1])
-    return out.reshape(shape)
+    per_row = math.prod(shape) // flat.shape[0]
+
+    def values(block: slice) -> Tensor:  # (rows, per_row) float32
+        return torch.from_numpy(gguf.quants.dequantize(flat[block].numpy(), kind_id)).reshape(-1, per_row)
+
+    return by_rows(flat.shape[0], per_row, dtype, values).reshape(shape)
 
 
 def blocks(rows: Tensor, shape: tuple[int, int], payload: int) -> tuple[Tensor, Tensor]:
@@ -159,12 +157,11 @@ def q6_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
 
 
 def by_rows(n: int, k: int, dtype: torch.dtype, values) -> Tensor:
-    """(n, k) of ``dtype`` made a block of rows at a time by ``values(rows: slice)``: unpacking a
-    whole K-quant matrix at once held several temporaries of its size (a 1B head: ~1.3 GB)."""
+    """(n, k) of ``dtype`` made by ``values(rows: slice)`` one block of rows at a time (nn/quant.py
+    row_blocks: an 8 MB float32 working set): unpacking or dequantizing a whole matrix at once held
+    several temporaries of its size (a 1B head: ~1.3 GB)."""
     out = torch.empty(n, k, dtype=dtype)
-    step = max(1, UNPACK_VALUES // k)
-    for start in range(0, n, step):
-        rows = slice(start, min(n, start + step))
+    for rows in row_blocks(n, k):
         out[rows] = values(rows)
     return out
 
