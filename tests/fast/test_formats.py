@@ -167,7 +167,7 @@ def test_prepare_swaps_only_with_the_kernels_and_outputs_agree(monkeypatch, sche
     assert (a - b).abs().max() <= 0.02 * b.std()
 
 
-@pytest.mark.parametrize("n,k", [(40, 64), (33, 70), (7, 16), (50, 300)])
+@pytest.mark.parametrize("n,k", [(40, 64), (33, 70), (7, 16), (50, 300), (5, 7)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 70])
 def test_bf16_product_over_the_weight_as_it_is(n, k, rows):
     torch.manual_seed(n * rows)
