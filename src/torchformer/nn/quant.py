@@ -49,8 +49,11 @@ def row_blocks(n: int, k: int, multiple: int = 1) -> list[slice]:
 
 def quantize_by_blocks(w: Tensor, quantize_rows, write, *, multiple: int = 1, on_block=None) -> None:
     """``write(rows, *quantize_rows(w[rows]))`` for each block of ``row_blocks``; ``on_block(w[rows])``
-    after each (a loader gives the block's mapped pages back there)."""
-    for rows in row_blocks(*w.shape, multiple):
+    after each (a loader gives the block's mapped pages back there). On the meta device (weight_bytes,
+    `torchformer plan --quantize`) the whole matrix is one block: nothing is allocated there, and
+    each op on meta tensors costs Python time (llama3-8b int4: 3611 blocks, 20 s; one block each: <1 s)."""
+    blocks = [slice(0, w.shape[0])] if w.is_meta else row_blocks(*w.shape, multiple)
+    for rows in blocks:
         write(rows, *quantize_rows(w[rows]))
         if on_block is not None:
             on_block(w[rows])
