@@ -55,10 +55,24 @@ def dialogue(markdown: str) -> str:
                 out.append("")
             out.append(speaker.group(1).strip())
             continue
-        text = _SPACES.sub(" ", _ESCAPE.sub(r"\1", _INLINE_DIRECTION.sub("", line)).replace("**", "")).strip()
+        text = _plain(line)
         if text:
             out.append(text)
     return "\n".join(out) + "\n"
+
+
+def _plain(line: str) -> str:
+    """A line of speech without inline directions, escapes, bold and runs of spaces. Each pattern
+    runs only on lines holding its first character: most lines hold none, and the three
+    substitutions on every line of the 38 plays took ~1 s of each run's data preparation."""
+    if "[" in line:
+        line = _INLINE_DIRECTION.sub("", line)
+    if "\\" in line:
+        line = _ESCAPE.sub(r"\1", line)
+    line = line.replace("**", "")
+    if "  " in line:
+        line = _SPACES.sub(" ", line)
+    return line.strip()
 
 
 def shakespeare() -> tuple[str, str]:
