@@ -49,9 +49,10 @@
 // rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
 // llama.cpp. Integer sums are exact; each block's sum is scaled in fp32.
 //
-// Streams and blocking as in kernels.cpp: up to 8 rows of x take all of K in one pass
-// with their sums in registers; more rows go 8 at a time over K blocks of ~16 KB per panel, which
-// the later row groups re-read from L1/L2; each panel stream is prefetched 4 KB ahead.
+// Streams and blocking as in kernels.cpp: up to MROWS rows of x (8, or 4 in the AVX2 build) take
+// all of K in one pass with their sums in registers; more rows go MROWS at a time over K blocks of
+// ~16 KB per panel, which the later row groups re-read from L1/L2; each panel stream is prefetched
+// 4 KB ahead.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -72,6 +73,14 @@ constexpr int64_t LANES = 16;
 constexpr int64_t LINE = 64;
 constexpr int64_t AHEAD = 4096;
 constexpr int64_t BLOCK_BYTES = 16384;
+// Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
+// (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
+// product went through the stack; there 4 rows a pass, the next 4 re-reading the K block from L1/L2.
+#if defined(__AVX512F__)
+constexpr int MROWS = 8;
+#else
+constexpr int MROWS = 4;
+#endif
 
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
 
