@@ -1,5 +1,6 @@
-"""One `torchformer` process per docs page, fed the page's plain command lines one by one
-(tests/docs/resident_main.py runs them), so that a page pays torch's import once, not once a line."""
+"""One `torchformer` process fed command lines one by one (tests/docs/resident_main.py runs them):
+the docs pages' plain command lines (tests/docs/test_examples.py, one process for all pages) and
+the README's (tests/test_front_door.py), so that torch's import is paid once, not once a line."""
 
 from __future__ import annotations
 

@@ -39,7 +39,18 @@ def env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def trained(tmp_path_factory) -> dict[str, Path]:
+def resident(tmp_path_factory):
+    """One resident `torchformer` for every page and the shrunk demo runs (tests/docs/resident.py):
+    torch, torchformer and what the commands import (dynamo, matplotlib, transformers, ...) load
+    once for the docs, not once a page (~4-8 s of CPU each); each call still starts from the state
+    a fresh console script starts from."""
+    one = Resident(tmp_path_factory.mktemp("docs-resident") / "resident.log")
+    yield one
+    one.close()
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, resident) -> dict[str, Path]:
     """The shrunk demo runs, made once, copied into the pages that need them."""
     made: dict[str, Path] = {}
 
@@ -47,8 +58,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
         if what not in made:
             home = tmp_path_factory.mktemp(f"docs-{what}")
             argv, folder = NEEDS[what]
-            done = subprocess.run([str(VENV_BIN / "torchformer"), *argv], cwd=home, env=env(),
-                                  capture_output=True, text=True, timeout=600)  # fmt: skip
+            done = resident.run(argv, home, env(), timeout=LIMIT)
             assert done.returncode == 0, done.stderr[-3000:]
             made[what] = home / folder
         return made[what]
@@ -107,17 +117,16 @@ def run_shell_block(page, code: str, where: str, cwd: Path, resident: Resident) 
 
 
 @pytest.mark.parametrize("page", ALL, ids=[p.name for p in ALL])
-def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager):
+def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager, resident):
     """Python blocks run in this process, torch.compile through dynamo + AOT autograd
     (tests/conftest.py's aot_eager: the example's call runs compiled, without a cold inductor
     compile of ~30 s of CPU; inductor's kernels: generation/test_compile.py); shell blocks in bash,
-    their plain `torchformer` lines in one resident process per page (tests/docs/resident.py)."""
+    their plain `torchformer` lines in the docs' resident process (tests/docs/resident.py)."""
     for what in sorted(page.needs):
         shutil.copytree(trained(what), tmp_path / NEEDS[what][1])
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "__docs__"}
     server = None
-    resident = Resident(tmp_path.parent / f"{tmp_path.name}-resident.log")
     try:
         for block in page.blocks:
             if block.skip:
@@ -136,7 +145,6 @@ def test_page_examples_run(page, tmp_path, monkeypatch, trained, aot_eager):
             else:
                 run_shell_block(page, code, where, tmp_path, resident)
     finally:
-        resident.close()
         if server is not None:
             server.stop()
 
@@ -149,7 +157,7 @@ def test_pages_have_examples_and_few_are_illustrative():
     assert len(skipped) <= max(3, len(blocks) // 10), [(b.line, b.skip) for b in skipped]
 
 
-def test_the_runner_fails_a_broken_example(tmp_path, monkeypatch, trained):
+def test_the_runner_fails_a_broken_example(tmp_path, monkeypatch, trained, resident):
     """The runner is not vacuous: a page whose block fails, or whose shell command exits non-zero, fails."""
     from tests.docs.examples import read
 
@@ -157,4 +165,4 @@ def test_the_runner_fails_a_broken_example(tmp_path, monkeypatch, trained):
         page = tmp_path / "broken.md"
         page.write_text("# broken\n\n" + body)
         with pytest.raises(AssertionError):
-            test_page_examples_run(read(page), tmp_path, monkeypatch, trained, [])
+            test_page_examples_run(read(page), tmp_path, monkeypatch, trained, [], resident)
