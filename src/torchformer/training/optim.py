@@ -79,6 +79,14 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
     return torch.float32
 
 
+def closure_loss(closure):
+    """An optimizer step's loss: ``closure()`` with gradients enabled (torch's convention), or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 def orthogonalize(g: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                   dtype: torch.dtype) -> Tensor:  # fmt: skip
     """Muon's quintic Newton-Schulz iteration (torch.optim's, the same operations in the same order)
@@ -105,10 +113,7 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             if group["adjust_lr_fn"] not in (None, "original"):
                 raise ValueError(f"Muon: adjust_lr_fn={group['adjust_lr_fn']!r}; this step implements 'original'")
@@ -157,10 +162,7 @@ class MuonAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self.muon.step()
         self.adamw.step()
         return loss
