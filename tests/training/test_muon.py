@@ -114,3 +114,8 @@ def test_newton_schulz_runs_in_fp32_on_cpus_without_bf16_units(monkeypatch):
     assert optim.newton_schulz_dtype("cuda") == torch.bfloat16
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     assert optim.newton_schulz_dtype("cpu") == torch.bfloat16
+
+
+def test_an_lr_adjustment_the_step_does_not_implement_is_named_at_construction():
+    with pytest.raises(ValueError, match="adjust_lr_fn='match_rms_adamw'; this step implements 'original'"):
+        optim.Muon([torch.nn.Parameter(torch.randn(4, 4))], ns_dtype=torch.float32, adjust_lr_fn="match_rms_adamw")

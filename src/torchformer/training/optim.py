@@ -109,14 +109,15 @@ class Muon(torch.optim.Muon):
 
     def __init__(self, params, *, ns_dtype: torch.dtype, **options) -> None:
         super().__init__(params, **options)
+        for group in self.param_groups:  # checked once here, not at every step
+            if group["adjust_lr_fn"] not in (None, "original"):
+                raise ValueError(f"Muon: adjust_lr_fn={group['adjust_lr_fn']!r}; this step implements 'original'")
         self.ns_dtype = ns_dtype
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = closure_loss(closure)
         for group in self.param_groups:
-            if group["adjust_lr_fn"] not in (None, "original"):
-                raise ValueError(f"Muon: adjust_lr_fn={group['adjust_lr_fn']!r}; this step implements 'original'")
             params, grads, buffers = [], [], []
             if self._init_group(group, params, grads, buffers):
                 raise ValueError("Muon: complex parameters are not supported")

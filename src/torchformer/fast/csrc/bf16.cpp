@@ -134,13 +134,6 @@ DotFn dot_for(int64_t mb) {
 constexpr int TM = 3, TN = 3;  // weight rows x rows of x
 constexpr int64_t TILE_AHEAD = 4096;
 
-inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 // Weight rows w[i * K], i < RM, against split x rows xs[j * Kp], j < RN: out[j * ldo + i].
 template <int RM, int RN, bool PF>
 void tile(const float* xs, int64_t Kp, int64_t K, const uint16_t* w, float* out, int64_t ldo) {
@@ -190,7 +183,7 @@ void tile(const float* xs, int64_t Kp, int64_t K, const uint16_t* w, float* out,
     step(rows, k);
   }
   for (int i = 0; i < RM; ++i)
-    for (int j = 0; j < RN; ++j) out[j * ldo + i] = hsum8(acc[i][j]);
+    for (int j = 0; j < RN; ++j) out[j * ldo + i] = w16_sum8(acc[i][j]);  // wide.h's 8-lane sum
 }
 
 // Rows [0, RN) of the split x against weight rows [n0, n1): TM at a time, then the rest singly.
@@ -218,11 +211,7 @@ void tiled_rows(const float* xs, int64_t R, int64_t Kp, int64_t K, const uint16_
   }
 }
 constexpr int64_t TILE_FROM = 3;  // rows of x from which the tiles take the product
-#else
-// AVX-512 (32 registers): dot_rows keeps 8 rows x 2 accumulators in registers; tiles not measured.
-constexpr int64_t TILE_FROM = INT64_MAX;
-void tiled_rows(const float*, int64_t, int64_t, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t) {}
-#endif
+#endif  // AVX-512 (32 registers): dot_rows keeps 8 rows x 2 accumulators in registers; tiles not measured
 
 }  // namespace
 
@@ -243,7 +232,9 @@ torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& w) {
   const int64_t block = R > 8 ? std::max<int64_t>(1, BLOCK_BYTES / (2 * K)) : N;
   // Each thread one contiguous range of weight rows (one stream); at least 16 rows per task.
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
+#if !defined(__AVX512F__)
     if (R >= TILE_FROM) return tiled_rows(xs, R, Kp, K, wp, b, e, o, N);
+#endif
     for (int64_t n0 = b; n0 < e; n0 += block) {
       const int64_t n1 = std::min(e, n0 + block);
       for (int64_t m = 0; m < R; m += 8) {
