@@ -1,8 +1,10 @@
 """Two-level scales in the kernels' panels (fast/two_level.py, GGUF's K-quants): a portable module
 carrying ``scale_parts`` (and ``minimum_parts`` for int4 with minimums) gets a twin that keeps the
-int8 sub-scales under f16 super-scales, whose products are bit-equal to the same module's twin over
-fp32 scales (the kernel forms d * sc exactly); parts that do not give back the fp32 scales are not
-taken; the state dict stays the portable one; the copies without VNNI give the same bits."""
+int8 sub-scales under f16 super-scales and runs them as llama.cpp's K-quant products do (x rounded
+per 256-input super-block, the sub-scales multiplied in the integer sums): its products equal that
+arithmetic written out here in float64, not the per-group rounding of the fp32-scales twin; parts
+that do not give back the fp32 scales are not taken; the state dict stays the portable one; the
+copies without VNNI give the same bits."""
 
 import pytest
 import torch
@@ -34,25 +36,62 @@ def fp32(p: TwoLevel, group: int) -> torch.Tensor:
 
 def source(kind: str, n: int, k: int, group: int, seed: int = 0, with_parts: bool = True):
     """A portable module of random values and two-level scales (with the parts attached or not)."""
+    return source_and_values(kind, n, k, group, seed, with_parts)[0]
+
+
+def source_and_values(kind: str, n: int, k: int, group: int, seed: int = 0, with_parts: bool = True):
+    """(module, its integer weights (N, K) as the kernel multiplies them, scale parts, minimum parts
+    or None, bias)."""
     g = torch.Generator().manual_seed(seed)
+    m = None
     bias = torch.randn(n, generator=g)
     if kind == "int8":  # Q6_K: values in [-32, 31], int8 sc
         s = parts(n, k, group, -128, 128, g)
         q = torch.randint(-32, 32, (n, k), generator=g).to(torch.int8)
         module = Int8Linear(q, fp32(s, group), bias, group)
+        w = q
     else:  # Q4_K (int4min): nibbles, 6-bit sc and m
         s = parts(n, k, group, 0, 64, g)
         q = torch.randint(-8, 8, (n, k), generator=g).to(torch.int16)
+        w = q
         if kind == "int4":
             module = Int4Linear.from_values(q, fp32(s, group), bias, group)
         else:
+            w = q + 8  # w = scale * u - minimum
             m = parts(n, k, group, 0, 64, g)
             module = Int4MinLinear.from_values(q, fp32(s, group), fp32(m, group), bias, group)
             if with_parts:
                 module.minimum_parts = m
     if with_parts:
         module.scale_parts = s
-    return module.eval()
+    return module.eval(), w, s, m, bias
+
+
+def rounded(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (R, K) rounded to int8 per block as the kernel does (fp32 scale max|x| / 127, x * 127 /
+    max|x| to nearest even) -> (q (R, K) float64, scales (R, K / block) float64)."""
+    xb = x.reshape(x.shape[0], -1, block)
+    amax = xb.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    return torch.round(xb * inv).reshape(x.shape).double(), (amax / 127.0)[..., 0].double()
+
+
+def expected_product(kind, w, s, m, bias, x, block):
+    """The K-quant product written out: x rounded per ``block`` inputs; per group the integer sum of
+    w * q_x times the int8 sub-scale (exact); per block that sum times d * s_x, minus, with minimums,
+    dmin * s_x * sum_g m_g * sum_g(q_x); summed over blocks (float64)."""
+    n, k = w.shape
+    group = k // s.sub.shape[1]
+    qx, sx = rounded(x, block)  # (R, K), (R, K / block)
+    per_group = torch.einsum("rgk,ngk->rng", qx.view(-1, k // group, group), w.double().view(n, -1, group))
+    scaled = per_group * s.sub.double()  # (R, N, K/G): exact integers
+    d = s.super.double().repeat_interleave(SUPER // group, dim=1)  # (N, K/G)
+    sxg = sx.repeat_interleave(block // group, dim=1)[:, None, :]  # (R, 1, K/G)
+    y = (scaled * d * sxg).sum(-1)
+    if m is not None:
+        xsum = qx.view(x.shape[0], 1, -1, group).sum(-1)  # (R, 1, K/G)
+        y = y - (m.sub.double() * m.super.double().repeat_interleave(SUPER // group, dim=1) * xsum * sxg).sum(-1)
+    return y + bias.double()
 
 
 CASES = [("int8", 40, 512, 16), ("int8", 33, 2048, 16), ("int4", 40, 512, 32), ("int4min", 33, 512, 32),
@@ -61,8 +100,9 @@ CASES = [("int8", 40, 512, 16), ("int8", 33, 2048, 16), ("int4", 40, 512, 32), (
 
 @pytest.mark.parametrize("kind,n,k,group", CASES)
 @pytest.mark.parametrize("rows", [1, 3, 9])
-def test_two_level_twin_is_bit_equal_to_the_fp32_scales_twin(kind, n, k, group, rows):
-    two = formats.fits(source(kind, n, k, group))(source(kind, n, k, group))
+def test_two_level_twin_runs_the_k_quant_products(kind, n, k, group, rows):
+    module, w, s, m, bias = source_and_values(kind, n, k, group)
+    two = formats.fits(module)(module)
     assert two.scale.dtype == torch.int8 and two.super_scale.dtype == torch.float16
     assert two.scale.shape[1] == k // group and two.super_scale.shape[1] == k // SUPER and two.super_group == SUPER
     if kind == "int4min":
@@ -70,9 +110,16 @@ def test_two_level_twin_is_bit_equal_to_the_fp32_scales_twin(kind, n, k, group, 
     plain_source = source(kind, n, k, group, with_parts=False)
     plain = formats.fits(plain_source)(plain_source)
     assert plain.scale.dtype == torch.float32 and plain.super_scale is None
-    x = torch.randn(rows, k)
+    x = torch.randn(rows, k) * torch.rand(1, k) * 4  # inputs of unequal size: the rounding block matters
     with torch.no_grad():
-        assert torch.equal(two(x), plain(x))
+        got, per_group = two(x).double(), plain(x).double()
+    expected = expected_product(kind, w, s, m, bias, x, SUPER)
+    size = expected.abs().max()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6 * size)
+    # negative control: x rounded per group (the fp32-scales twin) is off by its rounding, >> the tolerance
+    torch.testing.assert_close(per_group, expected_product(kind, w, s, m, bias, x, 32 if group >= 32 else group),
+                               rtol=1e-5, atol=1e-6 * size)
+    assert (per_group - expected).abs().max() > 100 * 1e-6 * size
     state, expected = two.state_dict(), plain_source.state_dict()
     assert state.keys() == expected.keys()
     assert all(torch.equal(state[name], expected[name]) and state[name].dtype == expected[name].dtype for name in state)

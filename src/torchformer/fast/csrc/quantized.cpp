@@ -40,14 +40,17 @@
 // sub-scale times an f16 super-scale shared by the SG inputs of a super-block (Q6_K: int8 sc per 16
 // inputs under an f16 d per 256; Q4_K: 6-bit sc and m per 32 under f16 d and dmin), the file's own
 // form: Q6_K reads 1 + 1/16 + 2/256 bytes a weight instead of 1 + 4/16, Q4_K 0.5 + 2/32 + 4/256
-// instead of 0.5 + 8/32. The kernel forms each group's scale (and minimum) in registers, one
-// widening and one multiply per 16 outputs; d * sc is exact in fp32 (11 + 8 significant bits), so
-// the products are bit-equal to the same numbers given as fp32 scales. Chosen at build time by the
-// scale type (TwoLevel), no branch per element.
+// instead of 0.5 + 8/32. They run as llama.cpp runs its K-quant files (its Q8_K activations): x is
+// rounded per super-block instead of per block of B, each group's 16-bit pair sums are multiplied
+// by the group's sub-scale in the `vpmaddwd` that widens them to 32 bits anyway, and a super-block
+// converts to fp32 once (quantized_kernels.inc, panels_super), where a per-group scale costs a
+// conversion and two FMAs per group and row. Chosen at build time by the scale type (TwoLevel), no
+// branch per element.
 //
 // Numerics: the weights are exactly the reference module's q and scales; the activations are
-// rounded to 8 bits per block of B inputs (scale max|x| / 127), the one approximation, as in
-// llama.cpp. Integer sums are exact; each block's sum is scaled in fp32.
+// rounded to 8 bits per block of B inputs (per super-block with two-level scales; scale max|x| /
+// 127), the one approximation, as in llama.cpp. Integer sums are exact; each block's (super-block's)
+// sum is scaled in fp32.
 //
 // Streams and blocking as in kernels.cpp: up to MROWS rows of x (8, or 4 in the AVX2 build) take
 // all of K in one pass with their sums in registers; more rows go MROWS at a time over K blocks of
@@ -105,6 +108,8 @@ struct Acts {
   const float* scale;   // (R, K / B): max|x| / 127 of the block (0 for an all-zero block)
   const int32_t* bias;  // (R, K / B): what the block's integer sum overcounts (int4: 8 * sum q)
   const float* sum;     // (R, K / B): s * sum q, the rounded block's sum (formats with a minimum only)
+  const int16_t* gsum;  // (R, K / B, GP): each weight group's sum of q, GP = the groups a block rounded up
+                        // to even, the pad 0 (two-level scales only: B is their super-block)
   int64_t K, B;
 };
 
@@ -143,6 +148,18 @@ void quantize_row(const float* x, int64_t K, int64_t B, int32_t offset, int8_t* 
     }
     bias[b] = offset * sum;
     if (xsum) xsum[b] = scale[b] * static_cast<float>(sum);
+  }
+}
+
+// One row's sums of q (K) per group of G inputs, GP slots per block of B (the pad 0): |sum| <= G * 127.
+void group_sums(const int8_t* q, int64_t K, int64_t B, int64_t G, int64_t GP, int16_t* out) {
+  for (int64_t b = 0; b < K / B; ++b) {
+    for (int64_t g = 0; g < GP; ++g) {
+      int32_t sum = 0;
+      if (g < B / G)
+        for (int64_t k = b * B + g * G; k < b * B + (g + 1) * G; ++k) sum += q[k];
+      out[b * GP + g] = static_cast<int16_t>(sum);
+    }
   }
 }
 
@@ -210,6 +227,9 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const bool half = scale.scalar_type() == at::kHalf;
   if (two) {
     TORCH_CHECK(SG > 0 && SG % G == 0 && K % SG == 0, name, ": super_group must be a multiple of the group dividing K");
+    // int16 group sums of x and int32 super-block sums (quantized_kernels.inc, panels_super)
+    TORCH_CHECK(G <= 256 && SG <= 4096, name, ": two-level scales take groups of at most 256 inputs and ",
+                "super-blocks of at most 4096, got ", G, " and ", SG);
     check_part(scale, at::kChar, P, K, G, name, "scale (two-level sub-scales)");
     check_part(*sup, at::kHalf, P, K, SG, name, "super_scale");
     TORCH_CHECK(!F::MIN || sup_min.has_value(), name, ": two-level scales need super_min too");
@@ -225,24 +245,29 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
     TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
     if constexpr (F::MIN) check_part(minimum, at::kFloat, P, K, G, name, "minimum");
   }
-  const int64_t B = act_block(K, G);
+  // x's blocks: the super-block where scales are two-level (panels_super), else act_block
+  const int64_t B = two ? SG : act_block(K, G), GP = two ? (SG / G + 1) / 2 * 2 : 0;
   auto q = torch::empty({R, K}, x.options().dtype(at::kChar));
   auto xs = torch::empty({R, K / B}, x.options());
   auto bias = torch::empty({R, K / B}, x.options().dtype(at::kInt));
-  const torch::Tensor sums = torch::empty({F::MIN ? R : 0, K / B}, x.options());
-  float* sp = F::MIN ? sums.data_ptr<float>() : nullptr;
+  const torch::Tensor sums = torch::empty({F::MIN && !two ? R : 0, K / B}, x.options());
+  float* sp = F::MIN && !two ? sums.data_ptr<float>() : nullptr;
+  auto gsum = torch::empty({R, K / B * GP}, x.options().dtype(at::kShort));
   const float* xp = x.data_ptr<float>();
   const int32_t offset = F::offset(vnni());
   for (int64_t r = 0; r < R; ++r)
     quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
                  bias.data_ptr<int32_t>() + r * (K / B), sp ? sp + r * (K / B) : nullptr);
+  if (two)
+    for (int64_t r = 0; r < R; ++r)
+      group_sums(q.data_ptr<int8_t>() + r * K, K, B, G, GP, gsum.data_ptr<int16_t>() + r * (K / B * GP));
   auto out = torch::empty({R, N}, x.options());
   auto f16 = [](const std::optional<torch::Tensor>& t) {
     return t.has_value() ? reinterpret_cast<const uint16_t*>(t->data_ptr()) : nullptr;
   };
   const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(),
                    F::MIN ? minimum.data_ptr() : nullptr, f16(sup), f16(sup_min), K, G, two ? SG : K};
-  const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, K, B};
+  const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, gsum.data_ptr<int16_t>(), K, B};
   float* o = out.data_ptr<float>();
   if (two)
     dispatch<F, FV, TwoLevel>(wt, a, R, N, o);

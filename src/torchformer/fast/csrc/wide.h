@@ -94,6 +94,11 @@ inline __m512 w16_reduce16(const __m512* a) {
   const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(w[0], w[1], 0x88), _mm512_shuffle_ps(w[0], w[1], 0xDD));
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
 }
+// 16 pairs of int8 -> 16 lanes, lane i holding a[i] and b[i] widened to two int16 (`vpmaddwd`'s
+// multiplier: a two-level group's sub-scales, a[i] == b[i], or two groups' side by side).
+inline __m512i w16_pairs_epi8(__m128i a, __m128i b) {
+  return _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+}
 // 16 bf16 (the top halves of fp32s) widened to fp32, zero where the mask's bit is clear.
 inline __m512 w16_widen_bf16(const uint16_t* p, __mmask16 m) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
@@ -232,6 +237,9 @@ inline w16f w16_cvtph_ps(__m256i h) {  // 16 f16 -> fp32
 }
 inline w16i w16_cvtepi8_epi32(__m128i b) {  // 16 int8 -> int32
   return {_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8))};
+}
+inline w16i w16_pairs_epi8(__m128i a, __m128i b) {  // as the AVX-512 build's
+  return {_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)), _mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b))};
 }
 
 // 8 vectors -> the vector of their 8 horizontal sums, in order (two hadd levels, then the halves).
