@@ -5,15 +5,16 @@ weight instead of int8's 8.
 Legend: N out features, K in features, G group size, KL inputs per unit (32 for 5 bits, 16 for 6).
 
 A decode step reads every weight once, so a Q5_0 / Q6_K matrix held as int8 (8.5 / 8.56 bits a
-weight with its scales) reads ~1.5x / 1.3x the bytes the file stores (5.5 / 6.56). The layout
-(csrc/quantized_kernels.inc, ``Low``): per panel of 16 outputs, units of KL inputs, each KL / 8 of
-int4's nibble lines of u = q + 2^(bits - 1) (line l: register 2l's 4 inputs in the low nibbles,
-2l + 1's in the high ones; register r holds inputs 4r..4r+3 of the unit, byte i of an output's 4
-input 4r + i), then one line whose byte i of an output's 4 holds each register's byte i's high
-bits, register r's at bit (bits - 4) * r. The kernel unpacks a register with int4's nibble split
-plus one shift and one ``vpternlogd``, then takes int4's dot products (the offset 2^(bits - 1)
-comes off with the block's sum of x, as int4's 8 does): its integer sums are int8's exactly, so
-the products are bit-equal to the same values' int8 panels.
+weight with its scales) reads ~1.5x / 1.3x the bytes the file stores (5.5 / 6.56). The layouts
+(csrc/quantized_kernels.inc, ``Low``): per panel of 16 outputs, units of KL inputs of u = q +
+2^(bits - 1) as 4-input registers (register r holds inputs 4r..4r+3 of the unit, byte i of an
+output's 4 input 4r + i). 5 bits: 4 of int4's nibble lines (line l: register 2l's 4 inputs in the
+low nibbles, 2l + 1's in the high ones), then one line whose byte i of an output's 4 holds each
+register's byte i's high bit, register r's at bit r. 6 bits: 3 lines, registers 0-2 in their low 6
+bits, register 3's bits 2l, 2l + 1 in line l's top two. The kernel unpacks them in registers, then
+takes int4's dot products (the offset 2^(bits - 1) comes off with the block's sum of x, as int4's 8
+does): its integer sums are int8's exactly, so the products are bit-equal to the same values' int8
+panels.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def low_lines(q: Tensor, bits: int) -> Tensor:
     """Signed values q (n, K) that fit ``bits`` -> (n, K / KL * lines, 4) uint8, the units' lines."""
     kl, n = LOW_INPUTS[bits], q.shape[0]
     u = (q.to(torch.int16) + (1 << (bits - 1))).to(torch.uint8).reshape(n, -1, kl // 4, 4)  # (n, K/KL, regs, 4)
+    if bits == 6:  # registers 0-2 whole, register 3's bits 2l, 2l + 1 in line l's top two
+        top = torch.stack([(u[:, :, 3] >> (2 * line)) & 3 for line in range(3)], dim=2)  # (n, K/KL, 3, 4)
+        return (u[:, :, :3] | (top << 6)).reshape(n, -1, 4)
     nibbles = (u[:, :, 0::2] & 0xF) | ((u[:, :, 1::2] & 0xF) << 4)  # (n, K/KL, regs/2, 4)
     shifts = torch.arange(kl // 4, dtype=torch.uint8).view(-1, 1) * (bits - 4)  # (regs, 1): register r's bit
     high = ((u >> 4) << shifts).sum(2, dtype=torch.uint8)  # (n, K/KL, 4): disjoint bits, so the sum is an or
@@ -50,6 +54,10 @@ def low_values(b: Tensor, bits: int) -> Tensor:
     """The inverse of ``low_lines``: (N, K / KL * lines, 4) uint8 -> q (N, K) int8."""
     kl, n = LOW_INPUTS[bits], b.shape[0]
     b = b.reshape(n, -1, kl // 8 + 1, 4)  # (N, K/KL, lines, 4)
+    if bits == 6:
+        r3 = sum(((b[:, :, line] >> 6) << (2 * line)) for line in range(3))  # (N, K/KL, 4)
+        u = torch.cat([b & 0x3F, r3[:, :, None]], dim=2)  # (N, K/KL, regs, 4)
+        return (u.to(torch.int16) - 32).to(torch.int8).reshape(n, -1)
     nib = torch.stack([b[:, :, :-1] & 0xF, b[:, :, :-1] >> 4], dim=3).reshape(n, -1, kl // 4, 4)  # (N, K/KL, regs, 4)
     shifts = torch.arange(kl // 4, dtype=torch.uint8).view(-1, 1) * (bits - 4)  # (regs, 1)
     high = (b[:, :, -1:] >> shifts) & ((1 << (bits - 4)) - 1)  # (N, K/KL, regs, 4)
