@@ -16,8 +16,9 @@
 // consecutive inputs, 4 bytes per output (one 32-bit lane of a register):
 //   int8: inputs k..k+3, one byte each, q + 128;
 //   int4: inputs k..k+7, byte i holding input k+i (low nibble) and k+4+i (high nibble), each q + 8;
-//   5- / 6-bit (GGUF's Q5_0 / Q6_K values, int8 modules whose values fit): units of 32 / 16 inputs,
-//   int4's nibble lines of u = q + 16 / q + 32 followed by one line of their high bits
+//   5- / 6-bit (GGUF's Q5_0 / Q6_K values, int8 modules whose values fit): units of 32 / 16 inputs
+//   of u = q + 16 / q + 32, int4's nibble lines and a line of their high bits (5), or three lines
+//   of 6-bit bytes whose top two bits hold a fourth register (6)
 //   (quantized_kernels.inc, Low): 5 / 6 bits a weight instead of int8's 8, unpacked in registers.
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
