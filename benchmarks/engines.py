@@ -37,6 +37,7 @@ import resource
 import shlex
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -745,9 +746,22 @@ def file_notes(rows: list[dict], batches: list[int]) -> list[str]:
         own = next((o for o in rows if o["format"] == r["format"] and o["engine"] == "torchformer"
                     and not file_kind(o) and o["system"].endswith(r["system"].split()[-1])), None)  # fmt: skip
         if file_kind(r) and own is not None:
-            per = ", ".join(f"batch {b}: {ratio(cells(r, b)['tok_s'], cells(own, b)['tok_s'])}" for b in batches)
+            per = ", ".join(
+                f"batch {b}: {ratio(cells(r, b)['tok_s'], cells(own, b)['tok_s'])}{paired(r, own, b)}" for b in batches
+            )
             notes.append(f"{r['system']}: decode tok/s {per} {own['system']}'s")
     return notes
+
+
+def paired(row: dict, other: dict, batch: int) -> str:
+    """The per-round ratios of row's decode tok/s over other's (both measured in the same round, the
+    same spell of a noisy machine): " (per round: median, min-max)", or "" with fewer than 2 rounds."""
+    pairs = [(s["batches"][str(batch)].get("tok_s"), o["batches"][str(batch)].get("tok_s"))
+             for s, o in zip(row["samples"], other["samples"])]  # fmt: skip
+    ratios = [a / b for a, b in pairs if a and b]
+    if len(ratios) < 2:
+        return ""
+    return f" (per round: median {statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def agreement_notes(rows: list[dict]) -> list[str]:

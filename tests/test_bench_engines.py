@@ -36,6 +36,21 @@ def test_best_and_ratio():
     assert engines.ratio(None, 10.0) == "-"
 
 
+def test_file_rows_give_the_per_round_ratios_beside_the_best():
+    """Issue 29's rows on a noisy machine: beside the ratio of the best rounds, the ratios of each round's
+    pair (the file's worker and its own format's, measured in the same round), their median and range."""
+
+    def row(system, speeds):
+        samples = [{"batches": {"1": {"tok_s": t}}} for t in speeds]
+        return {"system": system, "format": "int4", "engine": "torchformer", "samples": samples}
+
+    own = row("torchformer int4 g64 compiled", [10.0, 20.0, 40.0])
+    file = row("torchformer Q4_0-file compiled", [9.0, 22.0, 20.0])
+    assert engines.paired(file, own, 1) == " (per round: median 0.90x, 0.50-1.10)"
+    assert engines.paired(row("a", [9.0]), row("b", [10.0]), 1) == ""  # one round: no spread to show
+    assert engines.paired(row("a", [9.0, None]), row("b", [10.0, 5.0]), 1) == ""  # a missing cell drops its round
+
+
 def test_each_row_says_the_lowest_load_its_rounds_ran_at():
     """llama.cpp's spinning threads collapse under contention: a row shows the load it ran at, the
     lowest over its rounds, next to its best speed."""
