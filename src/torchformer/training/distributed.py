@@ -92,9 +92,18 @@ def setup(device: str, strategy: str = "ddp", tp: int = 1) -> Runtime:
     return Runtime(rank=rank // tp, world=world // tp, device=dev, tp=tp, global_rank=rank, mesh=mesh)
 
 
-def teardown() -> None:
+def teardown(failed: type[BaseException] | None = None, *_exc) -> bool:
+    """Leave the process group: an ExitStack exit callback (returns False, so an error propagates).
+    After a run that ended normally every rank first meets the others at a barrier: rank 0 is still
+    writing the plot and the plan's outputs when the others are done, and a rank that tore its gloo
+    pairs down and exited while a peer was still connected died in C++ ("terminate called without an
+    active exception", SIGABRT, once in CI). After an error there is no barrier: the peers may never
+    come, and waiting for them would turn the error into a hang."""
     if dist.is_initialized():
+        if failed is None:
+            dist.barrier()
         dist.destroy_process_group()
+    return False
 
 
 def barrier() -> None:

@@ -43,7 +43,7 @@ def start(recipe, resume: str | None, reporter: Reporter | None, scope: contextl
     """The process group, threads, determinism (before any model is built) and the run folder."""
     t = recipe.train
     rt = dist.setup(t.device, recipe.dist.strategy, recipe.dist.tp)
-    scope.callback(dist.teardown)
+    scope.push(dist.teardown)  # after a normal end: a barrier, then the group goes
     reporter = (reporter or Reporter()) if rt.is_main else Reporter()  # rank 0 alone talks to the terminal
     if t.threads is not None:
         torch.set_num_threads(t.threads)
