@@ -33,7 +33,6 @@ import fcntl
 import importlib.util
 import json
 import os
-import resource
 import shlex
 import shutil
 import signal
@@ -303,8 +302,16 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+def peak_rss_mb(pid: int | str = "self") -> float | None:
+    """A process's peak resident set in MB: VmHWM, its memory's high-water mark, which starts afresh
+    at exec. Not ru_maxrss: a child starts with its parent's at fork and keeps it across exec, so
+    every worker of a run whose parent had built the 1B model in-process reported the parent's
+    3342 MB (2026-12-04)."""
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return None
 
 
 class Torchformer:
@@ -865,14 +872,6 @@ async def drive(url: str, model: str, prompts: list[str], concurrency: int, n: i
     return await fire(url, concurrency, n, request, timeout=900)
 
 
-def vm_hwm_mb(pid: int) -> float | None:
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return None
-
-
 def serve_format(shape: str, fmt: str, args, cache: Path, server_cmd: list[str], notes: list[str]) -> dict:
     """Start the format's servers, warm each up, run interleaved rounds; name -> level -> summary."""
     from benchmarks.serve import free_port, summary
@@ -921,7 +920,7 @@ def serve_format(shape: str, fmt: str, args, cache: Path, server_cmd: list[str],
                     if old is None or run["tok/s"] > old["tok/s"]:
                         best_runs[name][c] = run
         for name, (server, _) in servers.items():
-            best_runs[name]["rss_mb"] = vm_hwm_mb(server.proc.pid)
+            best_runs[name]["rss_mb"] = peak_rss_mb(server.proc.pid)
     finally:
         for server, _ in servers.values():
             stop_server(server)

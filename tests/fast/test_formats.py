@@ -199,6 +199,41 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
     assert twin.weight.grad is not None and twin.weight.grad.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("units", [True, False])
+def test_bf16_units_take_bf16_activations_from_unit_rows_and_the_kernel_the_rest(monkeypatch, units):
+    """On a CPU with bf16 units (formats.BF16_UNITS, patched here so both routes run on any CPU) bf16
+    activations of UNIT_ROWS rows or more go to F.linear's bf16 product; fewer rows, fp32
+    activations, or a CPU without the units run the kernel (a spy counts its calls)."""
+    from torchformer.nn.linear import Linear
+
+    monkeypatch.setattr(formats, "BF16_UNITS", units)
+    calls = []
+    kernel = torch.ops.torchformer.bf16_linear
+
+    def spy(x, w):
+        calls.append(x.shape[0])
+        return kernel(x, w)
+
+    monkeypatch.setattr(formats.torch.ops.torchformer, "bf16_linear", spy)
+    torch.manual_seed(0)
+    source = Linear(64, 24).bfloat16()
+    twin = formats.Bf16Linear.of(source)
+    with torch.no_grad():
+        for rows, dtype in ((1, torch.bfloat16), (formats.UNIT_ROWS - 1, torch.bfloat16),
+                            (formats.UNIT_ROWS, torch.bfloat16), (9, torch.bfloat16), (9, torch.float32)):  # fmt: skip
+            x = torch.randn(rows, 64).to(dtype)
+            calls.clear()
+            out = twin(x)
+            native = units and dtype == torch.bfloat16 and rows >= formats.UNIT_ROWS
+            assert calls == ([] if native else [rows]), (rows, dtype)
+            reference = torch.nn.functional.linear(x, source.weight.to(dtype), source.bias.to(dtype))
+            if native:  # the very product F.linear makes
+                assert torch.equal(out, reference)
+            else:  # fp32 sums of the same products, one rounding to x's dtype
+                expected = x.double() @ source.weight.double().T + source.bias.double()
+                torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=1e-2, atol=2e-2)
+
+
 def test_prepare_moves_a_bf16_model_onto_the_kernel_and_greedy_decoding_agrees(monkeypatch):
     v = next(v for v in variants(("decoder",)) if not v["bias"])
     fast = build(v).bfloat16().eval()

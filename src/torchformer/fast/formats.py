@@ -10,12 +10,14 @@ int4).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
+from .native import cpu_flags
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -23,6 +25,15 @@ from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, op
 # whole matrix). Measured over 2 layers of the Llama-3.2-1B shape, 2 threads: 16 rows: kernel
 # 45 GFLOP/s, slices 26; 64 rows: 42 vs 59; 512 rows: 40 vs 125.
 WIDEN_ROWS, WIDEN_SLICE = 48, 256
+
+# On a CPU with bf16 dot-product units (AVX512-BF16 or AMX) a bf16 model's activations are already
+# bf16, and oneDNN's bf16 product (F.linear) multiplies them natively: from UNIT_ROWS rows it beats
+# both the kernel and the widened slices. Measured (benchmarks.formats: 4 layers of the 1B shape,
+# 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs 30.7,
+# 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
+# 256: 711 vs 296. Without those units torch converts at every call (~1 GFLOP/s): never taken.
+BF16_UNITS = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+UNIT_ROWS = 5
 
 
 def widened_product(x2: Tensor, w: Tensor) -> Tensor:
@@ -53,6 +64,8 @@ class Bf16Linear(Linear):
         if w.dtype != torch.bfloat16 or not (x.is_cpu and w.is_cpu) or self.grad_needed(x):
             return super().forward(x)
         rows = x.numel() // max(1, x.shape[-1])
+        if BF16_UNITS and rows >= UNIT_ROWS and x.dtype == torch.bfloat16:
+            return F.linear(x, w, self.bias)  # oneDNN's bf16 product on the CPU's bf16 units (module top)
         x2 = x.reshape(rows, -1).float().contiguous()  # (rows, K)
         if rows < WIDEN_ROWS:
             out = torch.ops.torchformer.bf16_linear(x2, w.contiguous())  # (rows, N)
