@@ -80,10 +80,17 @@ constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
 // product went through the stack; there 4 rows a pass, the next 4 re-reading the K block from L1/L2.
+// TASK_PANELS: panels a thread takes at a time; one row of x goes over all of them in flight
+// (independent sums, one stream each) when each unit is one line (int8, int4: `rows`). Four in the
+// AVX-512 build (1B shape's int4 matrices, one row, 2 threads, AVX512-VNNI EPYC, two interleaved
+// runs: 26.8 -> 28.8 and 19.7 -> 21.3 GB/s, bit-equal); two in the AVX2 build, whose 16 registers
+// hold two panels' sums, group and total sums (of two registers each) and no more.
 #if defined(__AVX512F__)
 constexpr int MROWS = 8;
+constexpr int64_t TASK_PANELS = 4;
 #else
 constexpr int MROWS = 4;
+constexpr int64_t TASK_PANELS = 2;
 #endif
 
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
