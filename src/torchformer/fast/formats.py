@@ -50,8 +50,9 @@ class Bf16Linear(Linear):
     """A bf16 ``Linear`` whose inference products on the CPU run the kernel over its own weight
     (csrc/bf16.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
     torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
-    rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md). Training, autograd,
-    other dtypes and devices take ``Linear``'s path."""
+    rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md); on a CPU with bf16
+    units, bf16 activations of UNIT_ROWS rows or more take oneDNN's bf16 product instead (above).
+    Training, autograd, other dtypes and devices take ``Linear``'s path."""
 
     @classmethod
     def of(cls, source: Linear) -> Bf16Linear:
