@@ -14,10 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..host_memory import release_mapped as release_mapped_pages
-from ..nn.linear import Linear
+from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
-from .native import cpu_flags
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -31,8 +30,8 @@ WIDEN_ROWS, WIDEN_SLICE = 48, 256
 # both the kernel and the widened slices. Measured (benchmarks.formats: 4 layers of the 1B shape,
 # 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs 30.7,
 # 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
-# 256: 711 vs 296. Without those units torch converts at every call (~1 GFLOP/s): never taken.
-BF16_UNITS = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+# 256: 711 vs 296. Without those units torch converts at every call: never taken. Decided once.
+BF16_UNITS = cpu_bf16_units()
 UNIT_ROWS = 5
 
 

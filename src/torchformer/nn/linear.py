@@ -41,6 +41,12 @@ FEW_ROWS = 64
 COMPILED_ROWS = 4
 
 
+def cpu_bf16_units() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX): elsewhere torch's bf16
+    products convert at every call (~1 GFLOP/s). Asked at call time (a test may patch torch.cpu)."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def one_row_cpu(x: Tensor) -> bool:
     """Whether one row x takes the paired product: eager fp32 on the CPU, no autograd (training
     keeps F.linear and its backward exactly as before).

@@ -19,6 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..nn.linear import cpu_bf16_units
+
 OPTIMIZERS = ("adamw", "muon")
 FUSED_DEVICES = ("cpu", "cuda", "mps")
 
@@ -74,7 +76,7 @@ def newton_schulz_dtype(device_type: str) -> torch.dtype:
     """The dtype of Muon's orthogonalisation on ``device_type``: bf16 on accelerators and on CPUs with
     bf16 units (AVX512-BF16, AMX), fp32 on other CPUs, which emulate bf16 products by converting
     at every call: there the default recipe's Muon step took ~1.1 s at one thread (AVX2 EPYC)."""
-    if device_type != "cpu" or torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported():
+    if device_type != "cpu" or cpu_bf16_units():
         return torch.bfloat16
     return torch.float32
 

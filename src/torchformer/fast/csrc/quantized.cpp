@@ -83,7 +83,7 @@ constexpr int64_t BLOCK_BYTES = 16384;
 // TASK_PANELS: panels a thread takes at a time; one row of x goes over all of them in flight
 // (independent sums, one stream each) when each unit is one line (int8, int4: `rows`). Four in the
 // AVX-512 build (1B shape's int4 matrices, one row, 2 threads, AVX512-VNNI EPYC, two interleaved
-// runs: 26.8 -> 28.8 and 19.7 -> 21.3 GB/s, bit-equal); two in the AVX2 build, whose 16 registers
+// runs: 24.0 -> 27.8 and 21.9 -> 25.3 GB/s, int8 29.5 -> 31.4, bit-equal); two in the AVX2 build, whose 16 registers
 // hold two panels' sums, group and total sums (of two registers each) and no more.
 #if defined(__AVX512F__)
 constexpr int MROWS = 8;
