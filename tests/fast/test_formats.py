@@ -176,6 +176,19 @@ def test_bf16_product_over_the_weight_as_it_is(n, k, rows):
     torch.testing.assert_close(out.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.skipif(not formats.DOT_UNITS, reason="needs a CPU with AVX512-BF16 (vdpbf16ps) and the AVX-512 build")
+@pytest.mark.parametrize("n,k", [(40, 64), (33, 70), (7, 16), (50, 300), (5, 7), (3, 129)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
+def test_bf16_dot_over_bf16_rows_sums_their_products_in_fp32(n, k, rows):
+    """The vdpbf16ps product: bf16 x and w as they are, every pair product summed in fp32 (each
+    product of two bf16 is exact in fp32, so only the sums round), masked tails past K included."""
+    torch.manual_seed(n * rows + k)
+    w, x = torch.randn(n, k).bfloat16(), torch.randn(rows, k).bfloat16()
+    out = torch.ops.torchformer.bf16_dot(x, w)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
+
+
 def test_bf16_linear_shares_its_parameters_and_trains_as_before():
     from torchformer.nn.linear import Linear
 
@@ -200,32 +213,42 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
 
 
 @pytest.mark.parametrize("units", [True, False])
-def test_bf16_units_take_bf16_activations_from_unit_rows_and_the_kernel_the_rest(monkeypatch, units):
+def test_bf16_units_route_bf16_activations_by_rows_and_the_kernel_takes_the_rest(monkeypatch, units):
     """On a CPU with bf16 units (formats.BF16_UNITS, patched here so both routes run on any CPU) bf16
-    activations of UNIT_ROWS rows or more go to F.linear's bf16 product; fewer rows, fp32
-    activations, or a CPU without the units run the kernel (a spy counts its calls)."""
+    activations go to the vdpbf16ps kernel below DOT_ROWS rows where the CPU has AVX512-BF16
+    (formats.DOT_UNITS: never patched on, it would run an instruction the CPU lacks) and to F.linear's
+    bf16 product from there, or from UNIT_ROWS rows without AVX512-BF16; fp32 activations and CPUs
+    without the units take the kernel over fp32 x (spies count both kernels' calls)."""
     from torchformer.nn.linear import Linear
 
+    dot = units and formats.DOT_UNITS
     monkeypatch.setattr(formats, "BF16_UNITS", units)
+    monkeypatch.setattr(formats, "DOT_UNITS", dot)
     calls = []
-    kernel = torch.ops.torchformer.bf16_linear
+    ops = formats.torch.ops.torchformer
+    for name in ("bf16_linear", "bf16_dot"):
+        kernel = getattr(ops, name)
 
-    def spy(x, w):
-        calls.append(x.shape[0])
-        return kernel(x, w)
+        def spy(x, w, kernel=kernel, name=name):
+            calls.append((name, x.shape[0]))
+            return kernel(x, w)
 
-    monkeypatch.setattr(formats.torch.ops.torchformer, "bf16_linear", spy)
+        monkeypatch.setattr(ops, name, spy)
     torch.manual_seed(0)
     source = Linear(64, 24).bfloat16()
     twin = formats.Bf16Linear.of(source)
+    bf16 = torch.bfloat16
+    cases = [(1, bf16), (formats.UNIT_ROWS - 1, bf16), (formats.UNIT_ROWS, bf16), (9, bf16),
+             (formats.DOT_ROWS - 1, bf16), (formats.DOT_ROWS, bf16), (9, torch.float32)]  # fmt: skip
     with torch.no_grad():
-        for rows, dtype in ((1, torch.bfloat16), (formats.UNIT_ROWS - 1, torch.bfloat16),
-                            (formats.UNIT_ROWS, torch.bfloat16), (9, torch.bfloat16), (9, torch.float32)):  # fmt: skip
+        for rows, dtype in cases:
             x = torch.randn(rows, 64).to(dtype)
             calls.clear()
             out = twin(x)
-            native = units and dtype == torch.bfloat16 and rows >= formats.UNIT_ROWS
-            assert calls == ([] if native else [rows]), (rows, dtype)
+            on_dot = dot and dtype == bf16 and rows < formats.DOT_ROWS
+            native = units and dtype == bf16 and not on_dot and rows >= formats.UNIT_ROWS
+            expected_calls = [] if native else [("bf16_dot" if on_dot else "bf16_linear", rows)]
+            assert calls == expected_calls, (rows, dtype)
             if native:  # the very product F.linear makes
                 assert torch.equal(out, torch.nn.functional.linear(x, source.weight, source.bias))
             else:  # fp32 sums of the same products, one rounding to x's dtype

@@ -17,6 +17,7 @@ from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
+from .native import isa
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -27,12 +28,21 @@ WIDEN_ROWS, WIDEN_SLICE = 48, 256
 
 # On a CPU with bf16 dot-product units (AVX512-BF16 or AMX) a bf16 model's activations are already
 # bf16, and oneDNN's bf16 product (F.linear) multiplies them natively: from UNIT_ROWS rows it beats
-# both the kernel and the widened slices. Measured (benchmarks.formats: 4 layers of the 1B shape,
-# 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs 30.7,
-# 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
+# both the kernel over fp32 x and the widened slices. Measured (benchmarks.formats: 4 layers of the
+# 1B shape, 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs
+# 30.7, 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
 # 256: 711 vs 296. Without those units torch converts at every call: never taken. Decided once.
 BF16_UNITS = cpu_bf16_units()
 UNIT_ROWS = 5
+# Where the CPU has AVX512-BF16 itself, bf16 activations of fewer than DOT_ROWS rows take the
+# kernel's `vdpbf16ps` product instead (csrc/bf16.cpp ``bf16_dot``: x as it comes, one instruction
+# per 64-byte weight line and row), ahead of both. Measured over the 1B shape's 113 matrices (2
+# threads, the same EPYC, best of 4, ms, bf16_dot / bf16_linear over fp32 x / F.linear): 1 row
+# 73.9 / 74.0 / 149, 2: 71.2 / 80.7 / 146, 4: 81.3 / 118 / 154, 8: 112 / 284 / 182, 12: 172 / 366
+# / 203, 16: 224 / 505 / 223; one row against a plain streaming read of the same bytes: 34.0 GB/s
+# against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16, or the AVX2 build: not taken.
+DOT_UNITS = torch.cpu._is_avx512_bf16_supported() and isa() == "avx512"
+DOT_ROWS = 16
 
 
 def widened_product(x2: Tensor, w: Tensor) -> Tensor:
@@ -50,7 +60,8 @@ class Bf16Linear(Linear):
     (csrc/bf16.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
     torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
     rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md); on a CPU with bf16
-    units, bf16 activations of UNIT_ROWS rows or more take oneDNN's bf16 product instead (above).
+    units, bf16 activations take the kernel's vdpbf16ps product below DOT_ROWS rows where the CPU
+    has AVX512-BF16, and oneDNN's bf16 product from there (from UNIT_ROWS rows without it).
     Training, autograd, other dtypes and devices take ``Linear``'s path."""
 
     @classmethod
@@ -64,16 +75,24 @@ class Bf16Linear(Linear):
         if w.dtype != torch.bfloat16 or not (x.is_cpu and w.is_cpu) or self.grad_needed(x):
             return super().forward(x)
         rows = x.numel() // max(1, x.shape[-1])
-        if BF16_UNITS and rows >= UNIT_ROWS and x.dtype == torch.bfloat16:
-            return F.linear(x, w, self.bias)  # oneDNN's bf16 product on the CPU's bf16 units (module top)
+        if BF16_UNITS and x.dtype == torch.bfloat16:  # the CPU's bf16 units (module top)
+            if DOT_UNITS and rows < DOT_ROWS:  # vdpbf16ps over x as it comes
+                out = torch.ops.torchformer.bf16_dot(x.reshape(rows, -1).contiguous(), w.contiguous())  # (rows, N)
+                return self.finish(out, x)
+            if rows >= UNIT_ROWS:
+                return F.linear(x, w, self.bias)  # oneDNN's bf16 product
         x2 = x.reshape(rows, -1).float().contiguous()  # (rows, K)
         if rows < WIDEN_ROWS:
             out = torch.ops.torchformer.bf16_linear(x2, w.contiguous())  # (rows, N)
         else:
             out = widened_product(x2, w)
+        return self.finish(out, x)
+
+    def finish(self, out: Tensor, x: Tensor) -> Tensor:
+        """The fp32 product (rows, N) plus the bias, in x's dtype and leading shape (..., N)."""
         if self.bias is not None:
             out = out + self.bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def grad_needed(self, x: Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)

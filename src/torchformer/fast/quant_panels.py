@@ -56,6 +56,9 @@ def ops_ready() -> bool:
     torch.library.register_fake("torchformer::intn_mm")(lambda x, w, s, n, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
+    torch.library.register_fake("torchformer::bf16_dot")(
+        lambda x, w: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+    )
     return True
 
 
