@@ -25,6 +25,16 @@ def _seed():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _threads():
+    """Every test starts at the suite's thread count: the serve CLI, run in-process, leaves its
+    calling thread at one (cli/serve.py ``http_thread_serial``)."""
+    count = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """`--dist loadgroup` groups by the "@group" suffix xdist 3.8 writes to item._nodeid, which

@@ -62,11 +62,14 @@ class Engine(Scheduler):
         max_model_len: int | None = None,
         embedding: dict | None = None,
         prefix_cache: bool = True,
+        threads: int | None = None,
     ) -> None:
         """``load`` gives a decoder (generation) or an encoder (embeddings; ``embedding``: pooling,
-        normalize and max_length as evaluation.embed.folder_settings reads them)."""
-        for name, value, lo in (("slots", slots, 1), ("max_queue", max_queue, 0), ("max_model_len", max_model_len, 1)):
-            if value is None and name == "max_model_len":  # None: what fits
+        normalize and max_length as evaluation.embed.folder_settings reads them). ``threads``: the
+        engine thread's torch threads (default: the creating thread's count)."""
+        limits = (("slots", slots, 1), ("max_queue", max_queue, 0), ("max_model_len", max_model_len, 1))
+        for name, value, lo in (*limits, ("threads", threads, 1)):
+            if value is None and name in ("max_model_len", "threads"):  # None: what fits / the creator's
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"{name}={value!r}: must be an integer >= {lo}")
@@ -94,8 +97,9 @@ class Engine(Scheduler):
         # Prompt + new tokens a request may use, the cache's length: None = what fits (model_len.py).
         self.max_model_len = max_model_len
         self.context = max_model_len or 0  # the length in use once the model has loaded
-        # OpenMP's thread count is per calling thread: the engine thread uses its creator's setting.
-        self.threads = torch.get_num_threads()
+        # OpenMP's thread count is per calling thread: the engine thread uses ``threads``, by default
+        # its creator's setting (the CLI gives it explicitly and keeps its own thread at one: cli/serve.py).
+        self.threads = threads or torch.get_num_threads()
         self.thread = threading.Thread(target=self.run, name="torchformer-engine", daemon=True)
 
     # --- the app's side (any thread) ------------------------------------------------------
