@@ -914,8 +914,12 @@ def serve_format(shape: str, fmt: str, args, cache: Path, server_cmd: list[str],
             for c in SERVE_LEVELS:
                 for name, (server, extra) in servers.items():
                     n = max(args.serve_requests, 2 * c)
-                    run = summary(asyncio.run(drive(server.url, "m", prompts, c, n, args, extra)))
+                    raw = asyncio.run(drive(server.url, "m", prompts, c, n, args, extra))
+                    run = summary(raw)
                     log(f"serve round {r + 1} {name} concurrency {c}: {run['tok/s']:.1f} tok/s, {run['failures']} fail")
+                    if raw["failures"]:  # what failed, said with the table (a failed request adds no tokens)
+                        notes.append(f"{name}, concurrency {c}, round {r + 1}: {len(raw['failures'])} of {n} "
+                                     f"requests failed, the first with {raw['failures'][0][:300]}")  # fmt: skip
                     old = best_runs.setdefault(name, {}).get(c)
                     if old is None or run["tok/s"] > old["tok/s"]:
                         best_runs[name][c] = run

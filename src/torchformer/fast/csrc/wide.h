@@ -48,6 +48,7 @@ using w16mask32 = __mmask32;
 #define w16_reduce_add_epi32 _mm512_reduce_add_epi32
 #define w16_add_epi32 _mm512_add_epi32
 #define w16_sub_epi32 _mm512_sub_epi32
+#define w16_mullo_epi32 _mm512_mullo_epi32
 #define w16_add_epi16 _mm512_add_epi16
 #define w16_and_si512 _mm512_and_si512
 #define w16_xor_si512 _mm512_xor_si512
@@ -166,6 +167,7 @@ W16_BINARY(w16_mul_ps, _mm256_mul_ps, w16f)
 W16_BINARY(w16_max_ps, _mm256_max_ps, w16f)
 W16_BINARY(w16_add_epi32, _mm256_add_epi32, w16i)
 W16_BINARY(w16_sub_epi32, _mm256_sub_epi32, w16i)
+W16_BINARY(w16_mullo_epi32, _mm256_mullo_epi32, w16i)
 W16_BINARY(w16_add_epi16, _mm256_add_epi16, w16i)
 W16_BINARY(w16_and_si512, _mm256_and_si256, w16i)
 W16_BINARY(w16_xor_si512, _mm256_xor_si256, w16i)
