@@ -4,6 +4,7 @@ every test using it stops (finally), so no test leaves a thread, process or port
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import threading
@@ -179,3 +180,26 @@ def client(url: str, **kwargs):
 def server(model_dir, tiny):
     with serving(model_dir, tiny, slots=4, max_queue=16) as (engine, url):
         yield engine, url
+
+
+def run_serve_cli(argv: list[str], monkeypatch, with_server) -> int:
+    """`torchformer serve ARGV` in-process with uvicorn replaced: once the engine has loaded,
+    ``with_server(engine, url)`` runs on this (the CLI's) thread against the app on a test server,
+    which is always stopped. Returns the CLI's exit code."""
+    from torchformer.cli import serve as cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(argv)
+    create_app, load_chat_template, engine_class, texts, _ = cli.server_modules()
+
+    def serve(app, engine, **_):
+        wait_until(lambda: engine.healthy or engine.error is not None, timeout=60, what="the engine to load")
+        running = Running(app)
+        try:
+            with_server(engine, running.url)
+        finally:
+            running.stop()
+
+    monkeypatch.setattr(cli, "server_modules", lambda: (create_app, load_chat_template, engine_class, texts, serve))
+    return cli.run(args)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torchformer as tfm
-from tests.serve.conftest import NAME, Running, client, serving, wait_until
+from tests.serve.conftest import NAME, client, run_serve_cli, serving
 from torchformer.evaluation import folder_settings
 
 TEXTS = ["The cat sits on the mat.", "A kitten is resting on a rug.", "ok"]
@@ -99,24 +99,10 @@ def test_each_server_refuses_the_other_kind_of_request(embedder, server):
 def test_the_cli_serves_an_encoder_folder_for_embeddings(minilm, want, monkeypatch):
     """`torchformer serve MINILM` wiring, in-process: the CLI takes an encoder folder (it refused
     every non-decoder before) and its engine embeds (uvicorn replaced by the test's server)."""
-    import argparse
-
-    from torchformer.cli import serve as cli
-
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args([str(minilm), "--served-model-name", "mini", "--slots", "1"])
-    create_app, load_chat_template, engine_class, texts, _ = cli.server_modules()
     got = {}
 
-    def serve(app, engine, **_):
-        wait_until(lambda: engine.healthy or engine.error is not None, timeout=60, what="the engine to load")
-        running = Running(app)
-        try:
-            got["out"] = client(running.url).embeddings.create(model="mini", input=TEXTS)
-        finally:
-            running.stop()
+    def embed(engine, url):
+        got["out"] = client(url).embeddings.create(model="mini", input=TEXTS)
 
-    monkeypatch.setattr(cli, "server_modules", lambda: (create_app, load_chat_template, engine_class, texts, serve))
-    assert cli.run(args) == 0
+    assert run_serve_cli([str(minilm), "--served-model-name", "mini", "--slots", "1"], monkeypatch, embed) == 0
     assert all(close(d.embedding, w) for d, w in zip(got["out"].data, want))

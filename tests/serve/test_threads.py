@@ -4,40 +4,20 @@ process stops libgomp's workers from spinning between a step's parallel regions)
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from tests.serve.conftest import Running, client, wait_until
+from tests.serve.conftest import client, run_serve_cli
 
 
-def test_the_engine_thread_gets_the_threads_and_the_http_thread_one(model_dir):
-    from torchformer.cli import serve as cli
-
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    args = parser.parse_args([str(model_dir), "--served-model-name", "tiny", "--slots", "2"])
-    create_app, load_chat_template, engine_class, texts, _ = cli.server_modules()
+def test_the_engine_thread_gets_the_threads_and_the_http_thread_one(model_dir, monkeypatch):
     got = {}
 
-    def serve(app, engine, **_):
-        wait_until(lambda: engine.healthy or engine.error is not None, timeout=60, what="the engine to load")
-        got["http"] = torch.get_num_threads()
+    def check(engine, url):
+        got["http"] = torch.get_num_threads()  # the CLI's own thread, which serves HTTP
         got["engine"] = engine.calls.put(torch.get_num_threads).result(timeout=30)  # run on the engine thread
-        running = Running(app)
-        try:
-            answer = client(running.url).completions.create(model="tiny", prompt="hello", max_tokens=4)
-            got["text"] = answer.choices[0].text
-        finally:
-            running.stop()
+        got["text"] = client(url).completions.create(model="tiny", prompt="hello", max_tokens=4).choices[0].text
 
     torch.set_num_threads(2)  # tests/conftest.py restores the suite's count afterwards
-    cli_modules = (create_app, load_chat_template, engine_class, texts, serve)
-    original = cli.server_modules
-    cli.server_modules = lambda: cli_modules
-    try:
-        assert cli.run(args) == 0
-    finally:
-        cli.server_modules = original
+    assert run_serve_cli([str(model_dir), "--served-model-name", "tiny", "--slots", "2"], monkeypatch, check) == 0
     assert got["http"] == 1 and got["engine"] == 2
     assert isinstance(got["text"], str)
