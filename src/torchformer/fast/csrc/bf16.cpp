@@ -224,7 +224,7 @@ constexpr int64_t TILE_FROM = 3;  // rows of x from which the tiles take the pro
 // and dot_rows 32.2 GB/s, this 34.0 (the streaming read 35.9); two accumulators per row beat one
 // (33.5), four (32.7) and eight (31.5); a prefetch 4 KB ahead beat 2 KB, 8 KB and none. Products
 // are summed in fp32 from bf16 x: x is rounded to bf16 once, as oneDNN's bf16 product (the route
-// from formats.UNIT_ROWS rows) and the model's own bf16 activations are. Compiled in the AVX-512
+// from formats.DOT_ROWS rows) and the model's own bf16 activations are. Compiled in the AVX-512
 // build for CPUs that have it, picked by fast/formats.py (DOT_UNITS); elsewhere the op refuses.
 #if defined(__AVX512F__)
 #pragma GCC push_options
@@ -328,7 +328,7 @@ torch::Tensor bf16_dot(const torch::Tensor& x, const torch::Tensor& w) {
   float* o = out.data_ptr<float>();
   // Each thread one contiguous range of weight rows (one stream), as bf16_linear's.
   // More than MAX_ROWS rows: blocks of ~16 KB of weight rows, re-read from L2 by the later groups.
-  const int64_t block = R > units::MAX_ROWS ? std::max<int64_t>(1, BLOCK_BYTES / (2 * K)) : N;
+  const int64_t block = R > units::MAX_ROWS ? std::max<int64_t>(1, BLOCK_BYTES / (2 * std::max<int64_t>(1, K))) : N;
   at::parallel_for(0, N, 16, [&](int64_t b, int64_t e) {
     for (int64_t n0 = b; n0 < e; n0 += block) {
       const int64_t n1 = std::min(e, n0 + block);
