@@ -17,7 +17,6 @@ from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
-from .native import isa
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -40,8 +39,8 @@ UNIT_ROWS = 5
 # threads, the same EPYC, best of 4, ms, bf16_dot / bf16_linear over fp32 x / F.linear): 1 row
 # 73.9 / 74.0 / 149, 2: 71.2 / 80.7 / 146, 4: 81.3 / 118 / 154, 8: 112 / 284 / 182, 12: 172 / 366
 # / 203, 16: 224 / 505 / 223; one row against a plain streaming read of the same bytes: 34.0 GB/s
-# against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16, or the AVX2 build: not taken.
-DOT_UNITS = torch.cpu._is_avx512_bf16_supported() and isa() == "avx512"
+# against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
+DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
 DOT_ROWS = 16
 
 
