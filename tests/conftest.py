@@ -76,7 +76,10 @@ def aot_eager(monkeypatch):
         return aot(gm, example_inputs)
 
     monkeypatch.setattr(steps, "_COMPILED", {})  # compiled step functions made under another backend
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, backend=counting, **kw))
+    def compile_aot(fn, options=None, **kw):  # inductor's options (C++ host code) mean nothing here
+        return compile_(fn, backend=counting, **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_aot)
     flex._compiled_kernel.cache_clear()  # flex's kernel is compiled once per process: not under
     torch._dynamo.reset()  # this backend for later tests, nor inductor's in here
     yield graphs

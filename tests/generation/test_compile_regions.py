@@ -95,7 +95,7 @@ def test_the_cpp_wrapper_switch_turns_regions_off_at_build(monkeypatch):
     monkeypatch.setenv("TORCHFORMER_CPP_WRAPPER", "1")
     assert not tfm.build_model(cfg).stack.regions
     monkeypatch.setenv("TORCHFORMER_CPP_WRAPPER", "yes")
-    with pytest.raises(ValueError, match=r"TORCHFORMER_CPP_WRAPPER='yes': must be 0 or 1"):
+    with pytest.raises(ValueError, match=r"TORCHFORMER_CPP_WRAPPER='yes': must be auto, 0 or 1"):
         tfm.build_model(cfg)
 
 

@@ -1,32 +1,49 @@
-"""How compiled steps are built: the one switch between inductor's Python host code and its C++
-host code (``cpp_wrapper``), read where the step is compiled (generation/steps.py) and where a
-stack decides whether its layers run through compile regions (models/stack.py), which cpp_wrapper
-cannot emit; ``compile_step`` is how generate's and serve's decode steps are compiled."""
+"""How compiled steps are built: which host code inductor writes for a decode step, Python's or C++
+(``cpp_wrapper``), decided once per model where the step is compiled (generation/steps.py,
+serve/engine.py) and, for the forced settings, where a stack decides whether its layers run
+through compile regions (models/stack.py), which cpp_wrapper cannot emit; ``compile_step`` is how
+generate's and serve's decode steps are compiled."""
 
 from __future__ import annotations
 
 import os
 
 import torch
+from torch import nn
+
+VALUES = ("auto", "0", "1")
+
+
+def cpp_wrapper_setting() -> str:
+    """``TORCHFORMER_CPP_WRAPPER``: ``auto`` (unset), ``0`` (Python host code always) or ``1`` (C++
+    host code always; big layers then run without compile regions). Anything else is refused."""
+    value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "auto").strip() or "auto"
+    if value not in VALUES:
+        raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be auto, 0 or 1")
+    return value
 
 
 def cpp_wrapper() -> bool:
-    """Whether a compiled step's host code is C++ (inductor's cpp_wrapper) instead of Python:
-    ``TORCHFORMER_CPP_WRAPPER=1``. Default off, for now: on the toy's one-thread step it ran 0.2-1 ms
-    (of 3-5) faster in most interleaved rounds on a busy machine, and on a quiet one (2 threads,
-    batch 1, 5 interleaved rounds, a process per arm) it decoded int8 1.08x and int4 1.43x faster
-    (medians; same tokens), but it turns off the big layers' compile regions (models/regions.py:
-    cpp_wrapper cannot emit one), which the 1B shape's first compile needs to stay near 50 s, and
-    its C++ host code lengthens every compile. Anything but 0 or 1 is refused."""
-    value = os.environ.get("TORCHFORMER_CPP_WRAPPER", "0").strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"TORCHFORMER_CPP_WRAPPER={value!r}: must be 0 or 1")
-    return value == "1"
+    """Whether stacks must give up compile regions at build: only when C++ host code is forced."""
+    return cpp_wrapper_setting() == "1"
 
 
-def compile_step(fn):
+def cpp_host(model: nn.Module | None) -> bool:
+    """Whether ``model``'s compiled step gets C++ host code. ``auto``: where none of its stacks runs
+    compile regions (layers under models/regions.py's REGION_PARAMS). A small model's step is host
+    code more than kernels: on the toy shape (6 layers, hidden 512, batch 1, 2 threads, AVX-512 EPYC,
+    best of 5) C++ host code took a token from 1.22 to 0.92 ms (int4), 1.66 to 1.42 (int8), 2.23 to
+    2.05 (bf16), and its first compile as long (25.4 vs 25.7 s, cold cache). Big layers keep their
+    regions (the 1B shape's first compile stays near 50 s) and so Python host code."""
+    setting = cpp_wrapper_setting()
+    if setting != "auto":
+        return setting == "1"
+    return model is not None and not any(getattr(m, "regions", False) for m in model.modules())
+
+
+def compile_step(fn, cpp: bool):
     """``fn`` compiled as a decode step: static shapes (a new token changes no shape and no guard,
-    so it never recompiles), one graph, the host code the switch picks. Options only when set: a
-    test's backend (tests/conftest.py aot_eager) takes none."""
-    options = {"cpp_wrapper": True} if cpp_wrapper() else None
+    so it never recompiles), one graph, C++ host code where ``cpp`` (``cpp_host``). Options only
+    when set: a test's backend (tests/conftest.py aot_eager) takes none."""
+    options = {"cpp_wrapper": True} if cpp else None
     return torch.compile(fn, dynamic=False, fullgraph=True, options=options)

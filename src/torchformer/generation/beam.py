@@ -107,7 +107,7 @@ def search(model, req: Request, beam_size: int, n_best: int, length_penalty: flo
     eos = set() if req.eos is None else set(req.eos.tolist())
     items = [Item(n_best, max_new_tokens, length_penalty) for _ in range(B)]
     beams: list[list[int]] = [[] for _ in range(B * K)]
-    step = steady(step_function(req.seq2seq, compiled), compiled)
+    step = steady(step_function(req.seq2seq, compiled, model=model), compiled)
     for length in range(1, max_new_tokens + 1):
         cand = (totals.view(B * K, 1) + logp).view(B, K * V)
         top, index = cand.topk(min(K * (len(eos) + 1), K * V), dim=1)  # enough to find K non-EOS

@@ -59,7 +59,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
         logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
-        step = steady(step_function(req.seq2seq, compiled), compiled)
+        step = steady(step_function(req.seq2seq, compiled, model=model), compiled)
         history = None
         if s.needs_history:
             mask = None if req.seq2seq else req.attention_mask

@@ -87,8 +87,8 @@ class DraftProposer:
         self.cache = draft.new_cache(1, min(draft.config.max_seq_len, max_len))
         pos = torch.arange(prompt.shape[1], device=prompt.device)[None, :]  # (1, P)
         self.first = draft.lm_head(draft.hidden(prompt, pos, None, self.cache)[:, -1])  # (1, V)
-        self.chunk = step_function(False, compiled, draft_chunk_step)
-        self.step = step_function(False, compiled)
+        self.chunk = step_function(False, compiled, draft_chunk_step, model=draft)
+        self.step = step_function(False, compiled, model=draft)
 
     def position(self, p: int) -> Tensor:
         # Clamped to the draft's cache: past it (a draft with a shorter max_seq_len) it only guesses.
@@ -149,7 +149,7 @@ def rounds(model, req: Request, s: Sampling, generator, compiled: bool, proposer
     if P > 1:  # the target holds seq[:n-1]; seq[n-1] opens the first verify chunk
         model.hidden(prompt[:, :-1], torch.arange(P - 1, device=prompt.device)[None, :], None, cache)
     proposer = proposer_of(prompt, max_len)
-    target = step_function(False, compiled, chunk_step)
+    target = step_function(False, compiled, chunk_step, model=model)
     seq = torch.zeros(1, P + budget + k + 1, dtype=prompt.dtype, device=prompt.device)
     seq[:, :P] = prompt
     n, eos = P, set() if req.eos is None else set(req.eos.tolist())

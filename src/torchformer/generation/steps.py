@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..fast.compiled import compile_step
+from ..fast.compiled import compile_step, cpp_host
 from ..nn.kv_cache import KVCache
 from .request import Request
 
@@ -82,19 +82,21 @@ def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool =
     return Prefilled(logits, cache, pos[:, -1:] + 1, ids)
 
 
-_COMPILED: dict[str, object] = {}
+_COMPILED: dict[tuple[str, bool], object] = {}
 
 
-def step_function(seq2seq: bool, compiled: bool, fn=None):
-    """The decode step; with ``compiled``, one torch.compile'd function per step kind with static
-    shapes (dynamic=False): a new token changes no shape and no guard, so it never recompiles.
-    ``fn`` picks another step kind (``chunk_step`` for speculative verification)."""
+def step_function(seq2seq: bool, compiled: bool, fn=None, model=None):
+    """The decode step; with ``compiled``, one torch.compile'd function per step kind and host code
+    (``fast.compiled.cpp_host(model)``) with static shapes (dynamic=False): a new token changes no
+    shape and no guard, so it never recompiles. ``fn`` picks another step kind (``chunk_step`` for
+    speculative verification)."""
     fn = fn or (seq2seq_step if seq2seq else decoder_step)
     if not compiled:
         return fn
-    if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = compile_step(fn)
-    return _COMPILED[fn.__name__]
+    key = (fn.__name__, cpp_host(model))
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_step(fn, key[1])
+    return _COMPILED[key]
 
 
 def steady(step, compiled: bool):

@@ -26,7 +26,7 @@ from concurrent.futures import Future
 import torch
 
 from ..evaluation.embed import embed_ids
-from ..fast.compiled import compile_step
+from ..fast.compiled import compile_step, cpp_host
 from ..fast.scope import packed
 from ..generation.steps import steady
 from ..models.decoder import DecoderLM
@@ -216,7 +216,7 @@ class Engine(Scheduler):
                 if self.compile:  # a few shapes for the engine's life: later calls skip the full guards
                     dynamo = torch._dynamo.config
                     dynamo.recompile_limit = max(dynamo.recompile_limit, len(row_buckets(self.slots)))
-                    self.step_fn = steady(compile_step(decode_rows), True)
+                    self.step_fn = steady(compile_step(decode_rows, cpp_host(self.model)), True)
                 with packed(self.model, self.slots):
                     if self.compile:
                         self.compile_buckets()

@@ -64,6 +64,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
@@ -255,27 +256,34 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   }
   // x's blocks: the super-block where scales are two-level (panels_super), else act_block
   const int64_t B = two ? SG : act_block(K, G), GP = two ? (SG / G + 1) / 2 * 2 : 0;
-  auto q = torch::empty({R, K}, x.options().dtype(at::kChar));
-  auto xs = torch::empty({R, K / B}, x.options());
-  auto bias = torch::empty({R, K / B}, x.options().dtype(at::kInt));
-  const torch::Tensor sums = torch::empty({F::MIN && !two ? R : 0, K / B}, x.options());
-  float* sp = F::MIN && !two ? sums.data_ptr<float>() : nullptr;
-  auto gsum = torch::empty({R, K / B * GP}, x.options().dtype(at::kShort));
+  // The rounded x in one workspace (one allocation, not five: at one row of a small matrix each
+  // costs about what the product does): per row, its scales, biases and sums (4 bytes each per
+  // block), then the group sums (2 bytes), then q (1 byte), each part 64-byte aligned.
+  const int64_t blocks = R * (K / B), nsums = F::MIN && !two ? blocks : 0;
+  auto align = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  const int64_t at_bias = align(blocks * 4), at_sums = at_bias + align(blocks * 4),
+                at_gsum = at_sums + align(nsums * 4), at_q = at_gsum + align(blocks * GP * 2);
+  auto work = torch::empty({at_q + R * K + 64}, x.options().dtype(at::kByte));
+  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work.data_ptr()) + 63) / 64 * 64);
+  float* xs = reinterpret_cast<float*>(base);
+  int32_t* bias = reinterpret_cast<int32_t*>(base + at_bias);
+  float* sp = nsums ? reinterpret_cast<float*>(base + at_sums) : nullptr;
+  int16_t* gsum = reinterpret_cast<int16_t*>(base + at_gsum);
+  int8_t* q = reinterpret_cast<int8_t*>(base + at_q);
   const float* xp = x.data_ptr<float>();
   const int32_t offset = F::offset(vnni());
   for (int64_t r = 0; r < R; ++r)
-    quantize_row(xp + r * K, K, B, offset, q.data_ptr<int8_t>() + r * K, xs.data_ptr<float>() + r * (K / B),
-                 bias.data_ptr<int32_t>() + r * (K / B), sp ? sp + r * (K / B) : nullptr);
+    quantize_row(xp + r * K, K, B, offset, q + r * K, xs + r * (K / B), bias + r * (K / B),
+                 sp ? sp + r * (K / B) : nullptr);
   if (two)
-    for (int64_t r = 0; r < R; ++r)
-      group_sums(q.data_ptr<int8_t>() + r * K, K, B, G, GP, gsum.data_ptr<int16_t>() + r * (K / B * GP));
+    for (int64_t r = 0; r < R; ++r) group_sums(q + r * K, K, B, G, GP, gsum + r * (K / B * GP));
   auto out = torch::empty({R, N}, x.options());
   auto f16 = [](const std::optional<torch::Tensor>& t) {
     return t.has_value() ? reinterpret_cast<const uint16_t*>(t->data_ptr()) : nullptr;
   };
   const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(),
                    F::MIN ? minimum.data_ptr() : nullptr, f16(sup), f16(sup_min), K, G, two ? SG : K};
-  const Acts a{q.data_ptr<int8_t>(), xs.data_ptr<float>(), bias.data_ptr<int32_t>(), sp, gsum.data_ptr<int16_t>(), K, B};
+  const Acts a{q, xs, bias, sp, gsum, K, B};
   float* o = out.data_ptr<float>();
   if (two)
     dispatch<F, FV, TwoLevel>(wt, a, R, N, o);
