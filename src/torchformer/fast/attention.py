@@ -22,9 +22,7 @@ def prefix_attention(q: Tensor, k: Tensor, v: Tensor, term: Tensor | None, live:
     """q (B, H, T, E) over the first ``live`` slots of k, v (B, K, S, E) -> (B, H, T, E)."""
     n = int(live)
     if decodes(q, k, v, term) and kernels() is not None:  # one query per row (decoding)
-        fp32_term = None if term is None else term.float()
-        out = kernels().decode_attention(q.float(), k, v, fp32_term, n, scale)  # (B, H, 1, E) fp32
-        return out.to(q.dtype)
+        return kernels().decode_attention(q, k, v, term, n, scale)  # (B, H, 1, E) in q's dtype (fp32 inside)
     return sdpa_prefix(q, k, v, term, n, scale)
 
 
