@@ -104,6 +104,11 @@ def run_grouped(ex: Experts, xs: Tensor, counts: Tensor) -> Tensor:
     return F.grouped_mm(h, ex.down.mT, offs=offs)  # (N * k, D)
 
 
+# (token, expert) pairs up to which a compiled graph runs each pair on its own expert's rows (a
+# decode step of 8 rows at k = 8); past it every expert runs on every token (``Experts.static``).
+STATIC_PAIRS = 64
+
+
 class Experts(nn.Module):
     """E gated MLPs down(act(gate x) * up x) held as batched weights (E, F, D) / (E, D, F).
     ``run`` computes the sorted rows (``run_per_expert`` or ``run_grouped``, chosen at build)."""
@@ -120,6 +125,8 @@ class Experts(nn.Module):
 
     def forward(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """x (N, D), weights/experts (N, k) -> sum_j weights[:, j] * expert_{experts[:, j]}(x)  (N, D)."""
+        if torch.compiler.is_compiling():  # a trace-time choice (nn/linear.py): eager never takes it
+            return self.static(x, weights, experts)
         k = experts.shape[1]
         flat = experts.flatten()  # (N * k,) pair p = token p // k, its (p % k)-th choice
         order = flat.argsort(stable=True)  # pairs grouped by expert
@@ -127,6 +134,25 @@ class Experts(nn.Module):
         counts = torch.bincount(flat, minlength=self.gate.shape[0])  # (E,) pairs per expert
         y = self.run(self, x[token], counts) * weights.flatten()[order, None].to(x.dtype)  # (N * k, D)
         return torch.zeros_like(x).index_add_(0, token, y)  # (N, D)
+
+    def static(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
+        """``forward`` in shapes that do not depend on the routing, for a compiled graph: grouping pairs
+        by expert needs the count each expert got, a size dynamo cannot trace (a compiled MoE step
+        failed with GuardOnDataDependentSymNode, either dispatch). Up to STATIC_PAIRS (token, expert)
+        pairs (decode steps), each pair multiplies its expert's rows where they lie (the indexing
+        inside the product, which inductor fuses into the product's loop instead of copying the
+        rows out); more rows run every expert on every token, weighted by the routing weight
+        (zero where not chosen: E / k times the products)."""
+        N, k = experts.shape
+        w = weights.to(x.dtype)
+        if N * k <= STATIC_PAIRS:
+            xs = x[:, None, None, :]  # (N, 1, 1, D)
+            h = self.act((xs * self.gate[experts]).sum(-1)) * (xs * self.up[experts]).sum(-1)  # (N, k, F)
+            y = (h[:, :, None, :] * self.down[experts]).sum(-1)  # (N, k, D)
+            return (y * w[..., None]).sum(1)  # (N, D)
+        dense = torch.zeros(N, self.gate.shape[0], dtype=x.dtype, device=x.device).scatter(1, experts, w)  # (N, E)
+        h = self.act(torch.einsum("nd,efd->nef", x, self.gate)) * torch.einsum("nd,efd->nef", x, self.up)
+        return torch.einsum("ne,nef,edf->nd", dense, h, self.down)  # (N, D)
 
     def expert(self, x: Tensor, gate: Tensor, up: Tensor, down: Tensor) -> Tensor:
         """One expert on its tokens x (n, D) -> (n, D)."""
