@@ -43,6 +43,13 @@ def test_the_switch_picks_the_host_code_per_model(monkeypatch, compiles, value, 
     assert len(compiles) == (1 if small == big else 2)  # the second call reuses the compiled step
 
 
+def test_auto_keeps_python_host_code_off_the_cpu(monkeypatch, compiles):
+    """Measured on CPUs only: under auto a model elsewhere (here the meta device) keeps Python's."""
+    monkeypatch.delenv("TORCHFORMER_CPP_WRAPPER", raising=False)
+    steps.step_function(False, True, model=model(256).to("meta"))
+    assert compiles == [None]
+
+
 def test_a_bad_value_is_refused_before_any_compile(monkeypatch, compiles):
     monkeypatch.setenv("TORCHFORMER_CPP_WRAPPER", "yes")
     with pytest.raises(ValueError, match=r"TORCHFORMER_CPP_WRAPPER='yes': must be auto, 0 or 1"):

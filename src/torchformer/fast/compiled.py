@@ -6,6 +6,7 @@ generate's and serve's decode steps are compiled."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -29,16 +30,20 @@ def cpp_wrapper() -> bool:
 
 
 def cpp_host(model: nn.Module | None) -> bool:
-    """Whether ``model``'s compiled step gets C++ host code. ``auto``: where none of its stacks runs
-    compile regions (layers under models/regions.py's REGION_PARAMS). A small model's step is host
-    code more than kernels: on the toy shape (6 layers, hidden 512, batch 1, 2 threads, AVX-512 EPYC,
-    best of 5) C++ host code took a token from 1.22 to 0.92 ms (int4), 1.66 to 1.42 (int8), 2.23 to
-    2.05 (bf16), and its first compile as long (25.4 vs 25.7 s, cold cache). Big layers keep their
-    regions (the 1B shape's first compile stays near 50 s) and so Python host code."""
+    """Whether ``model``'s compiled step gets C++ host code. ``auto``: a model on the CPU none of whose
+    stacks runs compile regions (layers under models/regions.py's REGION_PARAMS). A small model's
+    step is host code more than kernels: on the toy shape (6 layers, hidden 512, batch 1, 2 threads,
+    AVX-512 EPYC, best of 5) C++ host code took a token from 1.22 to 0.92 ms (int4), 1.66 to 1.42
+    (int8), 2.23 to 2.05 (bf16), and its first compile as long (25.4 vs 25.7 s, cold cache). Big
+    layers keep their regions (the 1B shape's first compile stays near 50 s) and so Python host code."""
     setting = cpp_wrapper_setting()
     if setting != "auto":
         return setting == "1"
-    return model is not None and not any(getattr(m, "regions", False) for m in model.modules())
+    if model is None or any(getattr(m, "regions", False) for m in model.modules()):
+        return False
+    # Measured on CPUs only; an accelerator's step keeps the host code it has always had.
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return tensor is None or tensor.device.type == "cpu"
 
 
 def compile_step(fn, cpp: bool):
