@@ -24,7 +24,7 @@ def cpp_wrapper_setting() -> str:
     return value
 
 
-def cpp_wrapper() -> bool:
+def cpp_wrapper_forced() -> bool:
     """Whether stacks must give up compile regions at build: only when C++ host code is forced."""
     return cpp_wrapper_setting() == "1"
 

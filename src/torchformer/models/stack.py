@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..fast.compiled import cpp_wrapper
+from ..fast.compiled import cpp_wrapper_forced
 from ..nn.attention import AttnInputs
 from ..nn.masks import padding_mask
 from ..nn.patterns import Pattern, Rule, all_of, causal, key_valid, same_document, window
@@ -117,7 +117,7 @@ class Stack(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         big = bool(blocks) and sum(p.numel() for p in blocks[0].parameters()) >= REGION_PARAMS
-        self.regions = big and not cpp_wrapper()
+        self.regions = big and not cpp_wrapper_forced()
         self.final_norm = final_norm
         self.causal, self.rope, self.score_bias, self.window = causal, rope, score_bias, window
         self.n_heads = n_heads

@@ -64,7 +64,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdint>
 #include <cstdlib>
 #include <numeric>
 #include <optional>
@@ -258,13 +257,14 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const int64_t B = two ? SG : act_block(K, G), GP = two ? (SG / G + 1) / 2 * 2 : 0;
   // The rounded x in one workspace (one allocation, not five: at one row of a small matrix each
   // costs about what the product does): per row, its scales, biases and sums (4 bytes each per
-  // block), then the group sums (2 bytes), then q (1 byte), each part 64-byte aligned.
+  // block), then the group sums (2 bytes), then q (1 byte), each part at a multiple of 64 bytes
+  // from the start, which torch's CPU allocator aligns to 64.
   const int64_t blocks = R * (K / B), nsums = F::MIN && !two ? blocks : 0;
   auto align = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
   const int64_t at_bias = align(blocks * 4), at_sums = at_bias + align(blocks * 4),
                 at_gsum = at_sums + align(nsums * 4), at_q = at_gsum + align(blocks * GP * 2);
-  auto work = torch::empty({at_q + R * K + 64}, x.options().dtype(at::kByte));
-  uint8_t* base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(work.data_ptr()) + 63) / 64 * 64);
+  auto work = torch::empty({at_q + R * K}, x.options().dtype(at::kByte));
+  uint8_t* base = work.data_ptr<uint8_t>();
   float* xs = reinterpret_cast<float*>(base);
   int32_t* bias = reinterpret_cast<int32_t*>(base + at_bias);
   float* sp = nsums ? reinterpret_cast<float*>(base + at_sums) : nullptr;
