@@ -1,18 +1,87 @@
-"""Run a module under torchrun on CPU (gloo), bounded in time, leaving no process behind: to its end
-(``torchrun``), or in the background until stopped (``spawn``, ``stop_session``)."""
+"""Run a module on several ranks on CPU (gloo), bounded in time, leaving no process behind: to its
+end (``ranks``: forked ranks with torchrun's environment; ``torchrun``: the real launcher), or in the
+background until stopped (``spawn``, ``stop_session``: the real torchrun, whose signal handling
+those tests are about)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from .. import zygote
+
 ROOT = Path(__file__).resolve().parents[2]
+GRACE = 30  # s a rank has to end after another rank failed, before SIGKILL (torchrun's default)
+
+
+def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROOT,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``python -m module args`` on ``n`` ranks with the environment torchrun gives its workers
+    (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR/PORT, ...;
+    env:// rendezvous on a free port), each rank forked from a zygote of its own (tests/zygote.py:
+    no torch import per rank, and two ranks never share a string-hash seed, as two fresh
+    interpreters would not). As under torchrun the ranks share one stdout and one stderr; when a
+    rank fails the others get SIGTERM, then SIGKILL after ``GRACE`` s, and the status is 1. Past
+    ``timeout`` s every rank is killed and the launch fails. ``env`` defaults to this process's
+    with one thread, no native kernels and the checkout on PYTHONPATH (as ``torchrun`` below)."""
+    with socket.socket() as probe:  # rank 0 hosts the store there (a port free now, as --standalone picks)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = env or {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT)}
+    world = {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+             "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+             "TORCHELASTIC_RUN_ID": "none"}  # fmt: skip
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    envs = [{**base, **world, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(n)]
+    for rank, rank_env in enumerate(envs):  # the zygotes start side by side
+        zygote.zygote(rank_env, rank)
+    procs = []
+    try:
+        for rank, rank_env in enumerate(envs):
+            procs.append(zygote.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=rank_env,
+                                      stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, slot=rank))  # fmt: skip
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    got: dict[int, str] = {}
+    readers = [threading.Thread(target=_read_all, args=(fd, got), daemon=True) for fd in (out_r, err_r)]
+    for reader in readers:
+        reader.start()
+    began, failed_at = time.monotonic(), None
+    while None in [p.poll() for p in procs]:  # every rank polled each round (no short circuit)
+        now = time.monotonic()
+        if now - began > timeout:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+            raise AssertionError(f"ranks of {module} ran past {timeout} s")
+        if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+            failed_at = now
+            for p in procs:
+                p.terminate()
+        elif failed_at is not None and now - failed_at > GRACE:
+            for p in procs:
+                p.kill()
+        time.sleep(0.02)
+    for reader in readers:
+        reader.join()
+    code = 0 if all(p.returncode == 0 for p in procs) else 1
+    return subprocess.CompletedProcess(["ranks", str(n), "-m", module, *args], code, got[out_r], got[err_r])
+
+
+def _read_all(fd: int, got: dict[int, str]) -> None:
+    with open(fd, "rb") as stream:
+        got[fd] = stream.read().decode(errors="replace")
 
 
 def torchrun(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:

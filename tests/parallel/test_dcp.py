@@ -18,7 +18,7 @@ from torchformer.training.run_state import resume_point
 from torchformer.training.train import train
 
 from ..training.tiny import tiny_recipe, words_text
-from .launch import torchrun
+from .launch import ranks
 
 pytestmark = pytest.mark.xdist_group("parallel")
 
@@ -35,7 +35,7 @@ def recipe(tmp, name, **dist):
 def launch(tmp, name, n, *extra, module="torchformer.cli.main", before=(), **dist):
     file = tmp / f"{name}.json"
     file.write_text(json.dumps(recipe(tmp, name, **dist).to_dict()))
-    return torchrun(n, module, *before, "train", "--recipe", str(file), *extra, timeout=300)
+    return ranks(n, module, *before, "train", "--recipe", str(file), *extra, timeout=300)
 
 
 def step(run, k):

@@ -13,14 +13,17 @@ import time
 
 import pytest
 
+from tests import zygote
 from tests.serve.conftest import client, httpx
 
 pytestmark = pytest.mark.slow
 
 
-def start(args: list[str], env: dict | None = None) -> tuple[subprocess.Popen, list[str]]:
+def start(args: list[str], env: dict | None = None) -> tuple[zygote.Popen, list[str]]:
+    """`torchformer serve ARGS` in a child process (forked from the zygote: tests/zygote.py), its
+    output lines collected as they come."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
+    proc = zygote.Popen(
         [sys.executable, "-m", "torchformer.cli.main", "serve", *args, "--port", "0", "--log-level", "info"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -115,7 +118,7 @@ def test_serve_a_preset_says_token_ids_only():
 
 
 def test_bad_model_is_a_clear_error():
-    result = subprocess.run(
+    result = zygote.run(
         [sys.executable, "-m", "torchformer.cli.main", "serve", "no-such-model"],
         capture_output=True,
         text=True,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import torchformer as tfm
+from tests import zygote
 from tests.serve.conftest import NAME, httpx, serving, tiny_config
 
 # One worker runs the module under xdist: its module fixtures (a child process each) are made once.
@@ -28,7 +29,7 @@ def serve(args: list[str], env: dict | None = None, timeout: float = 90) -> subp
         "TORCHFORMER_NATIVE": "0",
         **(env or {}),
     }
-    return subprocess.run(
+    return zygote.run(
         [sys.executable, "-m", "torchformer.cli.main", "serve", *args],
         capture_output=True,
         text=True,
@@ -91,8 +92,8 @@ def refused() -> list[tuple[int | None, str]]:
     lines.append([["serve", "llama-tiny", "--port", "0"], ""])
     env = {**{k: v for k, v in os.environ.items() if k != "TORCHFORMER_API_KEY"}, "OMP_NUM_THREADS": "1",
            "TORCHFORMER_NATIVE": "0"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", REFUSALS, json.dumps(lines)], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    done = zygote.run([sys.executable, "-c", REFUSALS, json.dumps(lines)], capture_output=True, text=True,
+                      timeout=120, env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return [tuple(result) for result in json.loads(done.stdout.strip().splitlines()[-1])]
 

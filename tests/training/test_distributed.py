@@ -1,10 +1,9 @@
-"""Issue 4, test 4: DDP (and FSDP2) on CPU with gloo, 2 processes via torchrun, give the weights of
-a single process with the same global batch after 5 steps, within 1e-5."""
+"""Issue 4, test 4: DDP (and FSDP2) on CPU with gloo, 2 processes with torchrun's environment
+(tests/parallel/launch.py ``ranks``), give the weights of a single process with the same global batch
+after 5 steps, within 1e-5."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from safetensors.torch import load_file
 
 from torchformer.training.train import train
 
+from ..parallel.launch import ranks
 from .tiny import tiny_recipe
 
 
@@ -25,10 +25,8 @@ def test_two_processes_equal_one(tmp_path, corpus, strategy):
     single = train(make(tmp_path / "single"))
     recipe_file = tmp_path / "ddp.json"
     recipe_file.write_text(json.dumps(make(tmp_path / "ddp").to_dict()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchformer.cli.main", "train", "--recipe", str(recipe_file)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    proc = ranks(2, "torchformer.cli.main", "train", "--recipe", str(recipe_file), timeout=300, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("done: step 5") == 1  # rank 0 alone reports
     ddp = load_file(str(tmp_path / "ddp" / "model.safetensors"))

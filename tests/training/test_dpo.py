@@ -196,23 +196,22 @@ def test_finetune_reference_names_another_model(tmp_path):
 
 
 def test_ddp_two_processes_equal_one_and_only_rank_0_logs(tmp_path):
-    """DPO under torchrun (2 CPU processes, gloo): each rank takes whole pairs of the global batch
-    and the weights equal one process's within 1e-5; only rank 0 writes a tracker's events."""
+    """DPO on 2 CPU ranks (gloo; tests/parallel/launch.py ``ranks``: torchrun's environment): each
+    rank takes whole pairs of the global batch and the weights equal one process's within 1e-5;
+    only rank 0 writes a tracker's events."""
     import os
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
+
+    from ..parallel.launch import ranks
 
     common = ["train.steps=4", "train.eval_every=4", "train.grad_accum=2"]
     single = train(_recipe(tmp_path, *common, name="single"))
     recipe_file = tmp_path / "ddp.json"
     ddp = _recipe(tmp_path, *common, "train.log_to=[tensorboard]", name="ddp")
     recipe_file.write_text(json.dumps(ddp.to_dict()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "torchformer.cli.main", "train", "--recipe", str(recipe_file)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    proc = ranks(2, "torchformer.cli.main", "train", "--recipe", str(recipe_file), timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights = load_file(str(tmp_path / "ddp" / "model.safetensors"))
     ref = {k: v for k, v in single.model.state_dict().items() if k in weights}

@@ -1,7 +1,9 @@
 """Issue 10: exact reproducibility and resume through the real command, at the thread count users run
 with (2 threads, torch's default on these machines; the in-process suite runs at 1 and cannot see
-thread-order bugs). Every run is `python -m torchformer.cli.main train` in a child process; kills
-are SIGKILL, so no cleanup code runs.
+thread-order bugs). Every run is `python -m torchformer.cli.main train` in a child process of its
+own: the reference run a fresh interpreter, the others forked from a zygote that has imported torch
+and torchformer (tests/zygote.py; another string-hash seed than the reference's, as another
+interpreter would have); kills are SIGKILL, so no cleanup code runs.
 
 Equal means bit-equal: model.safetensors, optimizer.safetensors and rng.safetensors of the final
 checkpoint, and every metrics row except elapsed_s (wall-clock time).
@@ -26,6 +28,7 @@ from safetensors.torch import load_file
 from torchformer.training.checkpoint import list_checkpoints
 from torchformer.training.train import train
 
+from .. import zygote
 from ..parallel.launch import _stat, family
 from .tiny import tiny_recipe, tiny_seq2seq, words_text
 
@@ -79,8 +82,9 @@ def cli(recipe: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "torchformer.cli.main", "train", "--recipe", str(recipe), *extra]
 
 
-def finish(cmd: list[str], cwd: Path) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env(), cwd=cwd)
+def finish(cmd: list[str], cwd: Path, fresh: bool = False) -> None:
+    """Run ``cmd`` to its end: forked from the zygote, or a fresh interpreter if ``fresh``."""
+    proc = (subprocess if fresh else zygote).run(cmd, capture_output=True, text=True, timeout=300, env=env(), cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -90,8 +94,8 @@ def kill_after_checkpoint(cmd: list[str], cwd: Path, run: Path, step: int) -> li
     torchrun starts each rank in a session of its own, so killing its process group alone would
     leave the ranks to finish the run themselves, and the resume would prove nothing. Returns the
     processes it killed besides the command's own."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)  # fmt: skip
+    proc = zygote.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        start_new_session=True)  # fmt: skip
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240
@@ -146,7 +150,7 @@ def corpus(tmp_path_factory):
 def straight(tmp_path_factory, corpus):
     """The decoder recipe run once, uninterrupted: the reference the other decoder runs must equal."""
     tmp = tmp_path_factory.mktemp("straight")
-    finish(cli(recipe_file(tmp, "run", "decoder", corpus, **SCHEDULE)), tmp)
+    finish(cli(recipe_file(tmp, "run", "decoder", corpus, **SCHEDULE)), tmp, fresh=True)
     return tmp / "run"
 
 
@@ -159,7 +163,7 @@ def test_two_straight_runs_are_bit_equal(tmp_path, corpus, straight):
 def test_killed_and_resumed_equals_straight(tmp_path, corpus, straight, kind):
     rng = random.Random(f"issue-10-{kind}")
     if kind == "encoder_decoder":
-        finish(cli(recipe_file(tmp_path, "straight", kind, corpus, **SCHEDULE)), tmp_path)
+        finish(cli(recipe_file(tmp_path, "straight", kind, corpus, **SCHEDULE)), tmp_path, fresh=True)
         straight = tmp_path / "straight"
     killed = recipe_file(tmp_path, "killed", kind, corpus, **SCHEDULE)
     # Killed after checkpoint 2, 4 or 6: at least 6 steps and two evaluations still to run.
@@ -173,8 +177,8 @@ def test_killed_while_writing_a_checkpoint_then_resumed_equals_straight(tmp_path
     # Three safetensors files per checkpoint (weights, optimizer, rng); die after one of the first
     # two files of a checkpoint in the middle of the run.
     die_at = 3 * random.Random("issue-10-write").randrange(1, 5) + random.Random("issue-10-file").choice([1, 2])
-    proc = subprocess.run([sys.executable, "-c", DIE_IN_WRITE, str(die_at), *cli(killed)[3:]], capture_output=True,
-                          text=True, timeout=300, env=env(), cwd=tmp_path)  # fmt: skip
+    proc = zygote.run([sys.executable, "-c", DIE_IN_WRITE, str(die_at), *cli(killed)[3:]], capture_output=True,
+                      text=True, timeout=300, env=env(), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     assert list((tmp_path / "killed" / "checkpoints").glob(".tmp_step_*"))  # the half-written folder, hidden
     finish(cli(killed, "--resume", "auto"), tmp_path)
