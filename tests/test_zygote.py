@@ -132,25 +132,22 @@ def test_a_child_whose_client_hangs_up_is_killed():
     assert gone(proc.pid)
 
 
-def test_children_do_not_outlive_the_test_process_that_asked_for_them(tmp_path):
+def test_neither_zygotes_nor_children_outlive_the_test_process(tmp_path):
+    """A test process's zygotes end with it (atexit closes their input; a killed test process
+    closes it too), killing the children still running; their socket folders are removed."""
     client = textwrap.dedent(
         f"""
-        import sys, time
+        import sys
         sys.path.insert(0, {str(ROOT)!r})
         from tests import zygote
         proc = zygote.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-        print(proc.pid, flush=True)
-        time.sleep(120)
+        (one,) = zygote._ZYGOTES.values()
+        print(proc.pid, one.proc.pid, one.folder, flush=True)
         """
     )
-    test_process = subprocess.Popen([PY, "-c", client], stdout=subprocess.PIPE, text=True)
-    try:
-        child = int(test_process.stdout.readline())
-        assert _stat(child) is not None
-    finally:
-        test_process.kill()  # no atexit: only the zygote's end of input tells it
-        test_process.wait()
-    assert gone(child, within=30)
+    done = subprocess.run([PY, "-c", client], capture_output=True, text=True, timeout=120)
+    child, parent, folder = done.stdout.split()
+    assert gone(int(child)) and gone(int(parent)) and not Path(folder).exists()
 
 
 def test_what_is_not_an_interpreter_command_is_refused_before_any_fork():
@@ -171,14 +168,3 @@ def test_a_failed_rank_ends_the_others_and_the_launch_fails():
     done = ranks(2, "tests.parallel.rank_probe", "1", timeout=120)
     assert done.returncode == 1 and time.monotonic() - began < 60, done.stderr[-3000:]
     assert done.stdout == ""  # rank 0 never got past its barrier
-
-
-def test_the_suite_leaves_no_zygote_behind(tmp_path):
-    """The zygotes of a test process end with it (atexit), their socket folders removed."""
-    script = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from tests import zygote; " + (
-        "p = zygote.run([sys.executable, '-c', 'pass']); z = list(zygote._ZYGOTES.values())[0]; "
-        "print(z.proc.pid, z.folder)"
-    )
-    done = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=120)
-    pid, folder = done.stdout.split()
-    assert gone(int(pid)) and not Path(folder).exists()

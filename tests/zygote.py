@@ -27,15 +27,17 @@ from pathlib import Path
 
 SERVER = Path(__file__).with_name("zygote_main.py")
 START_LIMIT = 120  # s for a zygote to import torch and listen
-# Variables read when the interpreter, torch or inductor start, not when a command runs.
+# Variables read when the interpreter, torch or inductor start, not when a command runs ...
 AT_IMPORT = ("PYTHON", "TORCH", "LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "CUDA")
-AT_RUN = ("PYTHONUNBUFFERED", "PYTHONPATH", "OMP_NUM_THREADS")  # applied per child (tests/zygote_main.py)
+# ... except these, applied per child (tests/zygote_main.py) or read by torch and torchformer only
+# when a command calls for them (inductor sets TORCHINDUCTOR_CACHE_DIR itself on its first compile).
+AT_RUN = ("PYTHONUNBUFFERED", "PYTHONPATH", "OMP_NUM_THREADS", "TORCHFORMER_", "TORCHELASTIC_",
+          "TORCHINDUCTOR_CACHE_DIR", "TORCH_EXTENSIONS_DIR")  # fmt: skip
 
 
 def import_key(env: dict[str, str]) -> tuple:
     """The variables of ``env`` a zygote must have been started with."""
-    fixed = [(k, v) for k, v in env.items() if k.startswith(AT_IMPORT) and not k.startswith("TORCHFORMER_")]
-    return tuple(sorted((k, v) for k, v in fixed if k not in AT_RUN))
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(AT_IMPORT) and not k.startswith(AT_RUN)))
 
 
 class Zygote:
@@ -86,7 +88,7 @@ def zygote(env: dict[str, str], slot: int) -> Zygote:
     key = (import_key(env), slot)
     with _LOCK:
         if key not in _ZYGOTES or _ZYGOTES[key].proc.poll() is not None:
-            _ZYGOTES[key] = Zygote({k: v for k, v in env.items() if k not in AT_RUN})
+            _ZYGOTES[key] = Zygote({k: v for k, v in env.items() if not k.startswith(AT_RUN)})
         return _ZYGOTES[key]
 
 

@@ -25,11 +25,12 @@ def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROO
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """``python -m module args`` on ``n`` ranks with the environment torchrun gives its workers
     (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR/PORT, ...;
-    env:// rendezvous on a free port), each rank forked from a zygote of its own (tests/zygote.py:
-    no torch import per rank, and two ranks never share a string-hash seed, as two fresh
-    interpreters would not). As under torchrun the ranks share one stdout and one stderr; when a
-    rank fails the others get SIGTERM, then SIGKILL after ``GRACE`` s, and the status is 1. Past
-    ``timeout`` s every rank is killed and the launch fails. ``env`` defaults to this process's
+    env:// rendezvous on a free port), forked from zygotes (tests/zygote.py: no torch import per
+    rank), even and odd ranks from different ones: rank 0 and rank 1 never share a string-hash seed,
+    as two fresh interpreters would not, so an order that differs by seed differs between them.
+    As under torchrun the ranks share one stdout and one stderr; when a rank fails the others get
+    SIGTERM, then SIGKILL after ``GRACE`` s, and the status is 1. Past ``timeout`` s every rank is
+    killed and the launch fails. ``env`` defaults to this process's
     with one thread, no native kernels and the checkout on PYTHONPATH (as ``torchrun`` below)."""
     with socket.socket() as probe:  # rank 0 hosts the store there (a port free now, as --standalone picks)
         probe.bind(("127.0.0.1", 0))
@@ -42,13 +43,13 @@ def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROO
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     envs = [{**base, **world, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(n)]
-    for rank, rank_env in enumerate(envs):  # the zygotes start side by side
+    for rank, rank_env in enumerate(envs[:2]):  # the zygotes start side by side
         zygote.zygote(rank_env, rank)
     procs = []
     try:
         for rank, rank_env in enumerate(envs):
             procs.append(zygote.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=rank_env,
-                                      stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, slot=rank))  # fmt: skip
+                                      stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, slot=rank % 2))  # fmt: skip
     finally:
         os.close(out_w)
         os.close(err_w)
