@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 import torchformer as tfm
+from tests import zygote
 from tests.serve.conftest import llama_folder, train_tokenizer
 from torchformer.loading import load_tokenizer
 
@@ -161,7 +161,7 @@ def test_lm_evals_own_command_line_runs_the_torchformer_backend(hf_folder, inclu
     cmd = [sys.executable, "-m", "torchformer.evaluation.lm_eval_run", "--model", "torchformer", "--model_args",
            f"pretrained={hf_folder}", "--tasks", "tfm_choice", "--include_path", str(include_path),
            "--output_path", str(tmp_path / "out")]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE})
+    done = zygote.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE})
     assert done.returncode == 0, done.stderr[-2000:]
     (results,) = (tmp_path / "out").rglob("results_*.json")
     acc = json.loads(results.read_text())["results"]["tfm_choice"]["acc,none"]

@@ -21,17 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 GRACE = 30  # s a rank has to end after another rank failed, before SIGKILL (torchrun's default)
 
 
-def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROOT,
-          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+def start_ranks(n: int, module: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
+                stdout=None, stderr=None) -> list[zygote.Popen]:  # fmt: skip
     """``python -m module args`` on ``n`` ranks with the environment torchrun gives its workers
     (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR/PORT, ...;
-    env:// rendezvous on a free port), forked from zygotes (tests/zygote.py: no torch import per
-    rank), even and odd ranks from different ones: rank 0 and rank 1 never share a string-hash seed,
-    as two fresh interpreters would not, so an order that differs by seed differs between them.
-    As under torchrun the ranks share one stdout and one stderr; when a rank fails the others get
-    SIGTERM, then SIGKILL after ``GRACE`` s, and the status is 1. Past ``timeout`` s every rank is
-    killed and the launch fails. ``env`` defaults to this process's
-    with one thread, no native kernels and the checkout on PYTHONPATH (as ``torchrun`` below)."""
+    env:// rendezvous on a free port), started and left running, each in a session of its own as
+    torchrun starts them. Forked from zygotes (tests/zygote.py: no torch import per rank), even and
+    odd ranks from different ones: rank 0 and rank 1 never share a string-hash seed, as two fresh
+    interpreters would not, so an order that differs by seed differs between them. ``env``
+    defaults to this process's with one thread, no native kernels and the checkout on PYTHONPATH
+    (as ``torchrun`` below); ``stdout`` / ``stderr`` as for ``zygote.Popen``."""
     with socket.socket() as probe:  # rank 0 hosts the store there (a port free now, as --standalone picks)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -40,16 +39,23 @@ def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROO
              "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
              "TORCHELASTIC_RUN_ID": "none"}  # fmt: skip
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
     envs = [{**base, **world, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)} for r in range(n)]
     for rank, rank_env in enumerate(envs[:2]):  # the zygotes start side by side
         zygote.zygote(rank_env, rank)
-    procs = []
+    return [zygote.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=rank_env, stdin=subprocess.DEVNULL,
+                         stdout=stdout, stderr=stderr, start_new_session=True, slot=rank % 2)
+            for rank, rank_env in enumerate(envs)]  # fmt: skip
+
+
+def ranks(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROOT,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``start_ranks`` to the end. As under torchrun the ranks share one stdout and one stderr;
+    when a rank fails the others get SIGTERM, then SIGKILL after ``GRACE`` s, and the status is 1.
+    Past ``timeout`` s every rank is killed and the launch fails."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        for rank, rank_env in enumerate(envs):
-            procs.append(zygote.Popen([sys.executable, "-m", module, *args], cwd=cwd, env=rank_env,
-                                      stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, slot=rank % 2))  # fmt: skip
+        procs = start_ranks(n, module, *args, cwd=cwd, env=env, stdout=out_w, stderr=err_w)
     finally:
         os.close(out_w)
         os.close(err_w)

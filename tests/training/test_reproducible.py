@@ -3,7 +3,8 @@ with (2 threads, torch's default on these machines; the in-process suite runs at
 thread-order bugs). Every run is `python -m torchformer.cli.main train` in a child process of its
 own: the reference run a fresh interpreter, the others forked from a zygote that has imported torch
 and torchformer (tests/zygote.py; another string-hash seed than the reference's, as another
-interpreter would have); kills are SIGKILL, so no cleanup code runs.
+interpreter would have); two-rank runs get torchrun's environment (tests/parallel/launch.py); kills
+are SIGKILL, so no cleanup code runs.
 
 Equal means bit-equal: model.safetensors, optimizer.safetensors and rng.safetensors of the final
 checkpoint, and every metrics row except elapsed_s (wall-clock time).
@@ -29,7 +30,7 @@ from torchformer.training.checkpoint import list_checkpoints
 from torchformer.training.train import train
 
 from .. import zygote
-from ..parallel.launch import _stat, family
+from ..parallel.launch import ranks, start_ranks
 from .tiny import tiny_recipe, tiny_seq2seq, words_text
 
 THREADS = "2"
@@ -88,38 +89,36 @@ def finish(cmd: list[str], cwd: Path, fresh: bool = False) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def kill_after_checkpoint(cmd: list[str], cwd: Path, run: Path, step: int) -> list[int]:
-    """Start the command and SIGKILL it as soon as checkpoint ``step`` (or a later one) is complete:
-    the process is then somewhere in the steps after it. Under torchrun every rank is killed too:
-    torchrun starts each rank in a session of its own, so killing its process group alone would
-    leave the ranks to finish the run themselves, and the resume would prove nothing. Returns the
-    processes it killed besides the command's own."""
-    proc = zygote.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                        start_new_session=True)  # fmt: skip
-    ranks: list[int] = []
+def start(cmd: list[str], cwd: Path) -> list[zygote.Popen]:
+    """The command in a session of its own, its stderr in a file (read if it fails)."""
+    with open(cwd / "killed.err", "w") as err:
+        return [zygote.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)]
+
+
+def kill_after_checkpoint(procs: list[zygote.Popen], run: Path, step: int, log: Path | None = None) -> None:
+    """SIGKILL every process of a run (its one process, or its ranks) as soon as checkpoint ``step``
+    (or a later one) is complete: they are then somewhere in the steps after it. Each rank is killed
+    itself (each runs in a session of its own), so none is left to finish the run alone and make
+    the resume prove nothing."""
     try:
         deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and None in [p.poll() for p in procs]:
             done = list_checkpoints(run)
             if done and int(done[-1].name.split("_")[1]) >= step:
-                ranks = family(proc.pid)[1:]
-                for pid in ranks:
-                    os.kill(pid, signal.SIGKILL)
-                os.killpg(proc.pid, signal.SIGKILL)
+                for p in procs:
+                    os.kill(p.pid, signal.SIGKILL)
                 break
             time.sleep(0.002)
-        proc.wait(timeout=60)
+        for p in procs:
+            p.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, f"the run ended before it was killed: {proc.stderr.read()[-2000:]}"
-    gone = time.monotonic() + 30
-    while any(_stat(pid) is not None for pid in ranks) and time.monotonic() < gone:
-        time.sleep(0.05)
-    assert not [pid for pid in ranks if _stat(pid) is not None], "a rank outlived its SIGKILL"
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    said = log.read_text()[-2000:] if log and log.exists() else ""
+    assert [p.returncode for p in procs] == [-signal.SIGKILL] * len(procs), f"the run ended before its kill: {said}"
     assert not (run / "checkpoints" / f"step_{STEPS:06d}").exists()
-    return ranks
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -167,7 +166,8 @@ def test_killed_and_resumed_equals_straight(tmp_path, corpus, straight, kind):
         straight = tmp_path / "straight"
     killed = recipe_file(tmp_path, "killed", kind, corpus, **SCHEDULE)
     # Killed after checkpoint 2, 4 or 6: at least 6 steps and two evaluations still to run.
-    kill_after_checkpoint(cli(killed), tmp_path, tmp_path / "killed", rng.randrange(CKPT, STEPS - 2 * CKPT, CKPT))
+    step = rng.randrange(CKPT, STEPS - 2 * CKPT, CKPT)
+    kill_after_checkpoint(start(cli(killed), tmp_path), tmp_path / "killed", step, tmp_path / "killed.err")
     finish(cli(killed, "--resume", "auto"), tmp_path)
     assert_same_run(straight, tmp_path / "killed")
 
@@ -190,16 +190,17 @@ def test_two_process_ddp_with_dropout_killed_and_resumed_equals_straight(tmp_pat
     straight = recipe_file(tmp_path, "straight", "decoder", corpus, **opts)
     killed = recipe_file(tmp_path, "killed", "decoder", corpus, **opts)
 
-    def torchrun(recipe: Path, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                *cli(recipe, *extra)[1:]]  # fmt: skip
+    def launch(recipe: Path, *extra: str) -> None:  # two ranks with torchrun's environment, to the end
+        done = ranks(2, "torchformer.cli.main", "train", "--recipe", str(recipe), *extra, cwd=tmp_path, env=env(),
+                     timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
 
-    finish(torchrun(straight), tmp_path)
-    ranks = kill_after_checkpoint(
-        torchrun(killed), tmp_path, tmp_path / "killed", random.Random("issue-10-ddp").choice([2, 4, 6])
-    )
-    assert len(ranks) == 2  # both ranks died with torchrun, none finished the run on its own
-    finish(torchrun(killed, "--resume", "auto"), tmp_path)
+    launch(straight)
+    step = random.Random("issue-10-ddp").choice([2, 4, 6])
+    procs = start_ranks(2, "torchformer.cli.main", "train", "--recipe", str(killed), cwd=tmp_path, env=env(),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    kill_after_checkpoint(procs, tmp_path / "killed", step)  # both ranks: none finishes the run on its own
+    launch(killed, "--resume", "auto")
     assert_same_run(tmp_path / "straight", tmp_path / "killed")
     rng = load_file(str(tmp_path / "killed" / f"checkpoints/step_{STEPS:06d}" / "rng.safetensors"))
     assert set(rng) == {"cpu", "cpu.rank1"} and not torch.equal(rng["cpu"], rng["cpu.rank1"])
