@@ -27,8 +27,10 @@ from pathlib import Path
 
 SERVER = Path(__file__).with_name("zygote_main.py")
 START_LIMIT = 120  # s for a zygote to import torch and listen
-# Variables read when the interpreter, torch or inductor start, not when a command runs ...
-AT_IMPORT = ("PYTHON", "TORCH", "LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "CUDA")
+# Variables read when the interpreter, torch or inductor start, not when a command runs (not
+# KMP_*: Intel's OpenMP reads them, torch's CPU wheel loads GNU's; sklearn, joblib and inductor set
+# them in the test process as they load) ...
+AT_IMPORT = ("PYTHON", "TORCH", "LD_", "OMP_", "MKL_", "GOMP_", "CUDA")
 # ... except these, applied per child (tests/zygote_main.py) or read by torch and torchformer only
 # when a command calls for them (inductor sets TORCHINDUCTOR_CACHE_DIR itself on its first compile).
 AT_RUN = ("PYTHONUNBUFFERED", "PYTHONPATH", "OMP_NUM_THREADS", "TORCHFORMER_", "TORCHELASTIC_",
