@@ -35,7 +35,6 @@ COMMANDS = {
                           "a", "b c"],  # fmt: skip
     "module": [PY, "-m", "torchformer.cli.main", "--version"],
     "module-main": [PY, "-m", "tests.zygote_probe_main", "x"],
-    "threads": [PY, "-c", "import torch; print(torch.get_num_threads())"],
     "stderr-and-stdout": [PY, "-c", "import sys; print('to err', file=sys.stderr); print('to out')"],
 }
 
@@ -67,7 +66,7 @@ def test_a_forked_child_ends_and_speaks_as_a_fresh_interpreter(name, tmp_path, p
 
 
 def test_the_thread_count_follows_omp_num_threads_per_child():
-    cmd = COMMANDS["threads"]
+    cmd = [PY, "-c", "import torch; print(torch.get_num_threads())"]
     for threads in ("1", "2"):
         env = {**os.environ, "OMP_NUM_THREADS": threads}
         assert zygote.run(cmd, capture_output=True, text=True, env=env).stdout.strip() == threads
@@ -110,13 +109,25 @@ def test_a_new_session_is_its_own_process_group_and_the_default_is_not():
         shared.wait(10)
 
 
-def test_slots_and_import_time_variables_get_interpreters_of_their_own():
+def test_slots_get_interpreters_of_their_own():
     cmd = [PY, "-c", "print(hash('torchformer'))"]
     seeds = {zygote.run(cmd, capture_output=True, text=True, slot=s).stdout for s in (0, 1)}
     assert len(seeds) == 2  # as two fresh interpreters (PYTHONHASHSEED unset: random)
-    fixed = {**os.environ, "PYTHONHASHSEED": "7"}
-    fresh = subprocess.run(cmd, capture_output=True, text=True, env=fixed).stdout
-    assert zygote.run(cmd, capture_output=True, text=True, env=fixed).stdout == fresh
+
+
+def test_only_variables_read_at_start_up_pick_another_zygote():
+    """A variable the interpreter, torch or inductor read as they start (a hash seed, inductor's
+    settings, the loader's path) needs a zygote started with it; one a command reads when it runs,
+    or that a child applies itself, does not (so the suite starts few zygotes)."""
+    base = {"HOME": "/root", "PATH": "/usr/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+    key = zygote.import_key(base)
+    for name, value in [("PYTHONHASHSEED", "7"), ("TORCHINDUCTOR_FREEZING", "1"), ("TORCH_LOGS", "dynamo"),
+                        ("LD_PRELOAD", "x.so"), ("OMP_WAIT_POLICY", "ACTIVE"), ("PYTHONMALLOC", "malloc")]:  # fmt: skip
+        assert zygote.import_key({**base, name: value}) != key, name
+    for name, value in [("OMP_NUM_THREADS", "1"), ("PYTHONUNBUFFERED", "1"), ("PYTHONPATH", "/x"),
+                        ("TORCHFORMER_NATIVE", "0"), ("TORCHELASTIC_RUN_ID", "a"), ("KMP_BLOCKTIME", "0"),
+                        ("TORCHINDUCTOR_CACHE_DIR", "/c"), ("TORCH_EXTENSIONS_DIR", "/e"), ("RANK", "1")]:  # fmt: skip
+        assert zygote.import_key({**base, name: value}) == key, name
 
 
 def gone(pid: int, within: float = 10) -> bool:
