@@ -12,6 +12,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import zygote
+
 CHILD = Path(__file__).with_name("resident_main.py")
 
 
@@ -27,19 +29,20 @@ class Resident:
 
     def __init__(self, log: Path) -> None:
         self.log = log
-        self.proc: subprocess.Popen | None = None
+        self.proc: zygote.Popen | None = None
         self.replies: queue.Queue[str] = queue.Queue()
 
-    def start(self, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-        with open(self.log, "w") as log:
-            proc = subprocess.Popen([sys.executable, str(CHILD)], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
+    def start(self, cwd: Path, env: dict[str, str]) -> zygote.Popen:
+        script = f"import runpy; runpy.run_path({str(CHILD)!r}, run_name='__main__')"  # as `python CHILD`
+        with open(self.log, "w") as log:  # forked from the zygote (tests/zygote.py): no torch import of its own
+            proc = zygote.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip
         self.replies = queue.Queue()
         threading.Thread(target=self.read, args=(proc, self.replies), daemon=True).start()
         return proc
 
     @staticmethod
-    def read(proc: subprocess.Popen, replies: queue.Queue[str]) -> None:
+    def read(proc: zygote.Popen, replies: queue.Queue[str]) -> None:
         for line in proc.stdout:
             replies.put(line)
         replies.put("")  # end of output: the process has died
