@@ -20,6 +20,10 @@ import traceback
 import warnings
 from pathlib import Path
 
+# The exit statuses of the interpreter, as the zygote (tests/zygote_main.py) makes them too.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
+from zygote_main import exit_code  # noqa: E402
+
 # The console script's sys.path[0] is the venv's bin folder, not this file's folder.
 sys.path[0] = os.path.dirname(sys.executable)
 
@@ -59,16 +63,6 @@ class Fresh:
         warnings.filters[:] = self.filters
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
-
-
-def exit_code(code: object) -> int:
-    """The process exit status of ``SystemExit(code)``, as the interpreter makes it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def call(argv: list[str]) -> int:
