@@ -174,18 +174,29 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: s
     return {n: full[n].contiguous() for n in names if n in full}, optim
 
 
+# The tensors of the last gather_rng, kept until the next one. Gloo's worker thread may free a
+# finished all_gather after the call returned (the next barrier holds it); if Python had dropped
+# these tensors by then, freeing them there takes the GIL, which the main thread can be holding
+# while it joins that very thread (the DDP model, and with it the process group, freed at the end
+# of a run): a hang at exit, seen once (~ProcessGroupGloo joining runLoop, runLoop in
+# decref_pyobject of an AsyncAllgatherWork's tensor, after teardown's barrier).
+_LAST_GATHER: list[torch.Tensor] = []
+
+
 def gather_rng(local: dict[str, torch.Tensor], rt: Runtime) -> dict[str, torch.Tensor]:
     """Every rank's RNG states, for rank 0 to save: rank 0's under their own names, rank r's as
     ``name.rank{r}`` (checkpoint.rank_rng reads them back). A collective: every rank calls it."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return local
-    out = dict(local)
+    out, kept = dict(local), []
     for name, state in sorted(local.items()):
         on_wire = state.to(rt.device)  # NCCL moves CUDA tensors only; gloo, CPU ones
         parts = [torch.empty_like(on_wire) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, on_wire)
+        kept += [on_wire, *parts]
         # One stream per data-parallel rank: the ranks of a TP group (global ranks r*tp .. r*tp+tp-1) share it.
         out.update({f"{name}.rank{r}": parts[r * rt.tp].cpu() for r in range(1, rt.world)})
+    _LAST_GATHER[:] = kept
     return out
 
 
