@@ -29,11 +29,14 @@ import signal
 import socket
 import sys
 
-# What every torchformer command imports first (training runs import dynamo through the optimizer).
-import torch
-import torch._dynamo  # noqa: F401
+if __name__ == "__main__":  # a script's folder leads sys.path: tests/'s modules must not shadow others
+    sys.path[0] = os.getcwd()  # the zygote's own folder (tests/zygote.py starts it there)
 
-import torchformer.cli.main  # noqa: F401
+# What every torchformer command imports first (training runs import dynamo through the optimizer).
+import torch  # noqa: E402
+import torch._dynamo  # noqa: E402, F401
+
+import torchformer.cli.main  # noqa: E402, F401
 
 MAX_MESSAGE = 1 << 20
 # Blocked across the fork and the child's set-up: a signal sent as soon as the pid is known would
