@@ -7,9 +7,9 @@ of its own: its pid can be signalled, SIGKILLed mid-write, put in a session of i
 
 ``slot`` picks one of several zygotes, each its own interpreter with its own string-hash seed:
 processes that must not share one (two ranks of a job, two runs compared for equal bytes) take
-different slots, as two fresh interpreters would differ. Command lines that do not start with the
-test's own interpreter, and environments that change what happens at import time (``PYTHON*``,
-``TORCHINDUCTOR_*``, ``LD_*``, ...), get a zygote of their own.
+different slots, as two fresh interpreters would differ. Environments that change what happens at
+import time (``PYTHON*``, ``TORCHINDUCTOR_*``, ``LD_*``, ...) get a zygote of their own; a command
+line that does not start with the test's own interpreter is refused.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import atexit
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -118,11 +119,10 @@ class Popen:
         request = {"argv": _command(cmd), "cwd": str(cwd or os.getcwd()), "env": env, "setsid": start_new_session,
                    "unbuffered": bool(env.get("PYTHONUNBUFFERED"))}  # fmt: skip
         theirs: list[int] = []  # the child's ends, closed here once sent
-        self.stdin = self.stdout = self.stderr = None
         self.stdin, fd0 = self._end(stdin, 0, "wb", theirs)
         self.stdout, fd1 = self._end(stdout, 1, "rb", theirs)
         if stderr == subprocess.STDOUT:
-            fd2 = fd1
+            self.stderr, fd2 = None, fd1
         else:
             self.stderr, fd2 = self._end(stderr, 2, "rb", theirs)
         if text:
@@ -186,10 +186,10 @@ class Popen:
             os.kill(self.pid, sig)
 
     def terminate(self) -> None:
-        self.send_signal(15)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        self.send_signal(9)
+        self.send_signal(signal.SIGKILL)
 
     def communicate(self, input=None, timeout: float | None = None) -> tuple:
         """Feed ``input``, read stdout and stderr to their ends (threads, as Popen does where it
@@ -219,18 +219,9 @@ class Popen:
                 stream.close()
         return self._got.get("stdout"), self._got.get("stderr")
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc) -> None:
-        for stream in (self.stdin, self.stdout, self.stderr):
-            if stream:
-                stream.close()
-        self.wait()
-
-
-def run(cmd: list[str], *, input=None, capture_output: bool = False, timeout: float | None = None,
-        check: bool = False, slot: int = 0, **kwargs) -> subprocess.CompletedProcess:  # fmt: skip
+def run(cmd: list[str], *, input=None, capture_output: bool = False, timeout: float | None = None, slot: int = 0,
+        **kwargs) -> subprocess.CompletedProcess:  # fmt: skip
     """``subprocess.run`` for a forked child; past ``timeout`` the child is killed, then
     TimeoutExpired raised."""
     if capture_output:
@@ -244,7 +235,4 @@ def run(cmd: list[str], *, input=None, capture_output: bool = False, timeout: fl
         proc.kill()
         proc.wait()
         raise
-    done = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-    if check:
-        done.check_returncode()
-    return done
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

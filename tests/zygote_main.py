@@ -73,7 +73,7 @@ def exit_code(code: object) -> int:
     return 1
 
 
-def run(request: dict) -> int:
+def run(request: dict) -> None:
     """The command, as ``python ARGV...`` runs it."""
     import runpy
     import types
@@ -92,7 +92,6 @@ def run(request: dict) -> int:
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
         exec(compile(target, "<string>", "exec"), main.__dict__)
-    return 0
 
 
 def child(request: dict, fds: list[int], keep_closed: list) -> None:
@@ -111,10 +110,12 @@ def child(request: dict, fds: list[int], keep_closed: list) -> None:
         os.environ.update(request["env"])
         streams(request["unbuffered"])
         threads = request["env"].get("OMP_NUM_THREADS", "")
-        torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else os.cpu_count() or 1)
+        if threads.isdigit() and int(threads) > 0:  # else torch's own default, as the zygote started without it
+            torch.set_num_threads(int(threads))
         try:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
-            code = run(request)
+            run(request)
+            code = 0
         except SystemExit as stop:
             code = exit_code(stop.code)
         except BaseException as error:

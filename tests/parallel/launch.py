@@ -1,7 +1,7 @@
-"""Run a module on several ranks on CPU (gloo), bounded in time, leaving no process behind: to its
-end (``ranks``: forked ranks with torchrun's environment; ``torchrun``: the real launcher), or in the
-background until stopped (``spawn``, ``stop_session``: the real torchrun, whose signal handling
-those tests are about)."""
+"""Run a module on several ranks on CPU (gloo), bounded in time, leaving no process behind: forked
+ranks with torchrun's environment (``start_ranks``, ``ranks``: to the end), or the real torchrun
+in the background until stopped (``spawn``, ``stop_session``: its signal handling is what those
+tests are about)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 GRACE = 30  # s a rank has to end after another rank failed, before SIGKILL (torchrun's default)
 
 
+def launch_env() -> dict[str, str]:
+    """This process's environment with one thread, no native kernels and the checkout on PYTHONPATH."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT)}
+
+
 def start_ranks(n: int, module: str, *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None,
                 stdout=None, stderr=None) -> list[zygote.Popen]:  # fmt: skip
     """``python -m module args`` on ``n`` ranks with the environment torchrun gives its workers
@@ -29,12 +34,11 @@ def start_ranks(n: int, module: str, *args: str, cwd: Path = ROOT, env: dict[str
     torchrun starts them. Forked from zygotes (tests/zygote.py: no torch import per rank), even and
     odd ranks from different ones: rank 0 and rank 1 never share a string-hash seed, as two fresh
     interpreters would not, so an order that differs by seed differs between them. ``env``
-    defaults to this process's with one thread, no native kernels and the checkout on PYTHONPATH
-    (as ``torchrun`` below); ``stdout`` / ``stderr`` as for ``zygote.Popen``."""
+    defaults to ``launch_env()``; ``stdout`` / ``stderr`` as for ``zygote.Popen``."""
     with socket.socket() as probe:  # rank 0 hosts the store there (a port free now, as --standalone picks)
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    base = env or {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT)}
+    base = env or launch_env()
     world = {"WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
              "ROLE_NAME": "default", "ROLE_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
@@ -91,30 +95,13 @@ def _read_all(fd: int, got: dict[int, str]) -> None:
         got[fd] = stream.read().decode(errors="replace")
 
 
-def torchrun(n: int, module: str, *args: str, timeout: float = 240, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc_per_node n -m module args`` (standalone: a free port of its
-    own); the whole process group is killed if it runs past ``timeout`` seconds."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-           "-m", module, *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"torchrun {module} ran past {timeout} s: {err[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def spawn(n: int, module: str, *args: str) -> tuple[subprocess.Popen, list[str]]:
-    """``torchrun`` as ``torchrun`` above, left running in a session of its own (stop it with
-    ``stop_session``); its stdout and stderr lines are collected as they come."""
+    """``torchrun --standalone --nproc_per_node n -m module args`` (standalone: a free port of its
+    own) with ``launch_env()``, left running in a session of its own (stop it with ``stop_session``);
+    its stdout and stderr lines are collected as they come."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
            "-m", module, *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHFORMER_NATIVE": "0", "PYTHONPATH": str(ROOT),
-           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {**launch_env(), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                             start_new_session=True)  # fmt: skip
     lines: list[str] = []
@@ -139,18 +126,6 @@ def family(pid: int) -> list[int]:
         if (_stat(int(p.parent.name)) or [0, 0])[1] == str(pid)
     ]
     return [p for p in [pid, *children] if _stat(p) is not None]
-
-
-def rank_pid(pid: int, rank: int) -> int:
-    """The process of ``rank`` among torchrun ``pid``'s children (its environment says RANK)."""
-    for child in family(pid)[1:]:
-        try:
-            env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"RANK={rank}".encode() in env:  # an exact entry (LOCAL_RANK=1 is another)
-            return child
-    raise AssertionError(f"no process of rank {rank} under torchrun {pid}")
 
 
 def stop_session(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> float:

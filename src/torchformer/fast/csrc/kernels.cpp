@@ -461,8 +461,6 @@ TORCH_LIBRARY_FRAGMENT(torchformer, m) {
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear); }
 
-// The two kernels run without the GIL: a server's event loop thread goes on while the engine
-// thread computes (both only read their tensor arguments, which the caller keeps alive).
 // The op's entry (fast/attention.py): a bf16 query or term (a bf16 model's) is widened here and the
 // result comes back in the query's dtype, so the Python kernel around it does no conversions of its
 // own (each cost a dispatch from Python: ~1.5 us of a ~10 us call at the toy shape).
@@ -475,6 +473,8 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return decode_fp32(q.to(at::kFloat), k, v, term32, n, scale).to(q.scalar_type());
 }
 
+// The two kernels run without the GIL: a server's event loop thread goes on while the engine
+// thread computes (both only read their tensor arguments, which the caller keeps alive).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
