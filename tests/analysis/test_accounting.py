@@ -156,9 +156,26 @@ def test_training_bytes_adds_up():
 
 def test_mfu_and_peak():
     assert mfu(1000.0, 6e6, 1e10) == pytest.approx(0.6)
+    rng = torch.get_rng_state()
     assert matmul_peak_flops(size=128, repeats=2) > 1e8
+    assert torch.equal(torch.get_rng_state(), rng)  # its matrices move no random stream (a run's dropout)
     with pytest.raises(ValueError, match="peak_flops"):
         mfu(1.0, 1.0, 0.0)
+
+
+def test_a_training_process_measures_the_peak_twice_and_keeps_the_best(monkeypatch):
+    """A run's start and first evaluation measure; later evaluations and runs reuse the best."""
+    from torchformer.training import session
+
+    measured = iter([3e9, 5e9, 4e9])
+    calls = []
+    monkeypatch.setattr(session, "_PEAKS", {})
+    monkeypatch.setattr(session, "matmul_peak_flops", lambda device: calls.append(device) or next(measured))
+    cpu = torch.device("cpu")
+    assert [session.measured_peak(cpu) for _ in range(4)] == [3e9, 5e9, 5e9, 5e9]
+    assert calls == [cpu, cpu]
+    torch.set_num_threads(torch.get_num_threads() + 1)  # another thread count has a peak of its own
+    assert session.measured_peak(cpu) == 4e9 and len(calls) == 3
 
 
 def test_bad_arguments_name_themselves():

@@ -33,7 +33,10 @@ class Resident:
         self.replies: queue.Queue[str] = queue.Queue()
 
     def start(self, cwd: Path, env: dict[str, str]) -> zygote.Popen:
-        script = f"import runpy; runpy.run_path({str(CHILD)!r}, run_name='__main__')"  # as `python CHILD`
+        scratch = self.log.with_name(f"{self.log.stem}-scratch")  # the call outputs, beside the log
+        scratch.mkdir(exist_ok=True)
+        script = (f"import runpy, sys; sys.argv = [{str(CHILD)!r}, {str(scratch)!r}]; "
+                  f"runpy.run_path({str(CHILD)!r}, run_name='__main__')")  # as `python CHILD SCRATCH`  # fmt: skip
         with open(self.log, "w") as log:  # forked from the zygote (tests/zygote.py): no torch import of its own
             proc = zygote.Popen([sys.executable, "-c", script], cwd=cwd, env=env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=log, text=True)  # fmt: skip

@@ -1,4 +1,5 @@
-"""The resident `torchformer` of one docs page (started by tests/docs/resident.py): reads one JSON
+"""The resident `torchformer` of one docs page (started by tests/docs/resident.py as
+``resident_main.py SCRATCH``, SCRATCH a folder for the calls' output files): reads one JSON
 request a line on its stdin, ``{"argv": [...], "cwd": "...", "env": {...}}``, runs
 ``torchformer.cli.main.main(argv)`` as the console script would, and answers one JSON line,
 ``{"code": int, "stdout": str, "stderr": str}``, on its stdout.
@@ -15,7 +16,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 import traceback
 import warnings
 from pathlib import Path
@@ -96,20 +96,19 @@ def captured(argv: list[str], scratch: str) -> dict:
     return {"code": code, "stdout": out, "stderr": err}
 
 
-def serve() -> None:
+def serve(scratch: str) -> None:
     requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)  # a command reading stdin reads nothing, as under bash -c with no input
     os.dup2(2, 1)  # stray output between calls goes to the log, never into the replies
     fresh = Fresh()
-    with tempfile.TemporaryDirectory(prefix="resident-") as scratch:
-        for line in requests:
-            request = json.loads(line)
-            fresh.restore(request["cwd"], request["argv"], request["env"])
-            replies.write(json.dumps(captured(request["argv"], scratch)) + "\n")
-            replies.flush()
+    for line in requests:
+        request = json.loads(line)
+        fresh.restore(request["cwd"], request["argv"], request["env"])
+        replies.write(json.dumps(captured(request["argv"], scratch)) + "\n")
+        replies.flush()
 
 
 if __name__ == "__main__":
-    serve()
+    serve(sys.argv[1])  # the caller's folder: a killed resident leaves nothing in /tmp

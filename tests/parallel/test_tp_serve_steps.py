@@ -36,8 +36,15 @@ class Pipe:
         self.queue.put((header, None if tensor is None else tensor.clone()))
 
     def receive(self):
-        header, self.tensor = self.queue.get(timeout=60)
+        item = self.queue.get(timeout=60)
+        if item is None:
+            raise RuntimeError("Connection closed by peer")  # what gloo says once rank 0 is gone
+        header, self.tensor = item
         return header
+
+    def hang_up(self) -> None:
+        """Rank 0's process ends: the follower's next receive fails."""
+        self.queue.put(None)
 
     def receive_tensor(self, shape, dtype):
         assert tuple(self.tensor.shape) == tuple(shape) and self.tensor.dtype == dtype
@@ -78,8 +85,15 @@ def test_every_cache_write_is_announced(case):  # noqa: F811
 
 def test_a_failed_step_fails_its_requests_then_the_engine(case):  # noqa: F811
     _, model, prompt = case
-    pipe = Pipe(fail_after=3)  # start, a prefill, one decode step: then the "rank" is gone
-    follower = threading.Thread(target=follow, args=(copy.deepcopy(model), pipe), daemon=True)
+    pipe, ended = Pipe(fail_after=3), []  # start, a prefill, one decode step: then the "rank" is gone
+
+    def follower_until_rank_0_ends():
+        try:
+            follow(copy.deepcopy(model), pipe)
+        except RuntimeError as err:
+            ended.append(str(err))
+
+    follower = threading.Thread(target=follower_until_rank_0_ends, daemon=True)
     follower.start()
     engine = leader(model, pipe)
     running = Running(create_app(engine, "m", None))
@@ -97,4 +111,7 @@ def test_a_failed_step_fails_its_requests_then_the_engine(case):  # noqa: F811
     finally:
         running.stop()
         engine.stop()
+        pipe.hang_up()  # the follower waits for a step that never comes until rank 0's process ends
+        follower.join(30)
     assert pipe.sent == ["start", "prefill", "decode"]  # nothing after the failure, no "stop" either
+    assert not follower.is_alive() and ended == ["Connection closed by peer"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import ssl
 import threading
 import time
 
@@ -14,15 +16,37 @@ import pytest
 import torch
 
 try:  # the HTTP client the installed openai uses (openai 3.x: httpx2; earlier: httpx)
-    import httpx2 as httpx  # noqa: F401 - the tests import it from here
+    import httpx2 as _httpx
 except ImportError:  # pragma: no cover
-    import httpx  # noqa: F401
+    import httpx as _httpx
 
 import torchformer as tfm
 from torchformer.serve.app import create_app
 from torchformer.serve.chat import load_chat_template
 from torchformer.serve.engine import Engine
 from torchformer.serve.text import Texts
+
+
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context for every client the tests make: a client built without one loads certifi's
+    bundle into a context of its own, ~24 ms of CPU (each ``httpx.post`` builds a client, as does
+    each ``openai.OpenAI``), and the tests build thousands (issue 33: ~30 s of the suite's CPU).
+    The tests speak plain HTTP to 127.0.0.1, so the context is never used."""
+    return ssl.create_default_context()
+
+
+class _Httpx:
+    """httpx for the tests: its request functions (get, post, stream, ...) over ``tls()``."""
+
+    REQUESTS = frozenset({"request", "get", "post", "put", "patch", "delete", "head", "options", "stream"})
+
+    def __getattr__(self, name: str):
+        attr = getattr(_httpx, name)
+        return functools.partial(attr, verify=tls()) if name in self.REQUESTS else attr
+
+
+httpx = _Httpx()  # the tests import it from here
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
@@ -173,7 +197,7 @@ def client(url: str, **kwargs):
     import openai
 
     options = {"api_key": "none", "max_retries": 0, "timeout": 30, **kwargs}
-    return openai.OpenAI(base_url=f"{url}/v1", **options)
+    return openai.OpenAI(base_url=f"{url}/v1", http_client=openai.DefaultHttpxClient(verify=tls()), **options)
 
 
 @pytest.fixture(scope="module")

@@ -34,3 +34,21 @@ def test_two_processes_equal_one(tmp_path, corpus, strategy):
     assert ddp.keys() == ref.keys()
     for name, tensor in ddp.items():
         torch.testing.assert_close(tensor, ref[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_teardown_keeps_its_barrier_for_the_main_thread_to_free(tmp_path):
+    """The end-of-run barrier's Work stays referenced from Python after the group goes, so gloo's
+    worker thread never frees it (and the works it waited on, whose tensors need the GIL) while
+    the main thread joins that thread: the exit hang of a DDP run (training/distributed.py)."""
+    import torch.distributed as dist
+
+    from torchformer.training import distributed
+
+    for _ in range(2):  # each run's teardown replaces the last one's
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        before = list(distributed._LAST_BARRIER)
+        assert distributed.teardown() is False
+        assert not dist.is_initialized()
+        (work,) = distributed._LAST_BARRIER
+        assert work.is_completed() and all(work is not w for w in before)
+        (tmp_path / "store").unlink(missing_ok=True)

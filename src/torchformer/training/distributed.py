@@ -101,9 +101,22 @@ def teardown(failed: type[BaseException] | None = None, *_exc) -> bool:
     come, and waiting for them would turn the error into a hang."""
     if dist.is_initialized():
         if failed is None:
-            dist.barrier()
+            work = dist.barrier(async_op=True)
+            work.wait()
+            _LAST_BARRIER[:] = [work]
         dist.destroy_process_group()
     return False
+
+
+# The Work of the last teardown barrier, held until the next teardown or the process's end. Gloo's
+# barrier keeps the works still in flight when it was issued (the last checkpoint's all_gather of
+# the RNG states); they are freed with it, and freeing their tensors takes the GIL. Had Python
+# dropped the barrier first, gloo's worker thread would free it, possibly while the main thread,
+# holding the GIL, joins that thread as the process group goes (the DDP model freed at the end of
+# the run): a hang at exit, seen twice in the suite (~ProcessGroupGloo in std::thread::join;
+# runLoop in ~AsyncBarrierWork -> ~AsyncAllgatherWork -> decref_pyobject, waiting for the GIL).
+# Held here, the last reference is Python's, dropped on the main thread.
+_LAST_BARRIER: list = []
 
 
 def barrier() -> None:
@@ -174,29 +187,18 @@ def gather_state(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: s
     return {n: full[n].contiguous() for n in names if n in full}, optim
 
 
-# The tensors of the last gather_rng, kept until the next one. Gloo's worker thread may free a
-# finished all_gather after the call returned (the next barrier holds it); if Python had dropped
-# these tensors by then, freeing them there takes the GIL, which the main thread can be holding
-# while it joins that very thread (the DDP model, and with it the process group, freed at the end
-# of a run): a hang at exit, seen once (~ProcessGroupGloo joining runLoop, runLoop in
-# decref_pyobject of an AsyncAllgatherWork's tensor, after teardown's barrier).
-_LAST_GATHER: list[torch.Tensor] = []
-
-
 def gather_rng(local: dict[str, torch.Tensor], rt: Runtime) -> dict[str, torch.Tensor]:
     """Every rank's RNG states, for rank 0 to save: rank 0's under their own names, rank r's as
     ``name.rank{r}`` (checkpoint.rank_rng reads them back). A collective: every rank calls it."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return local
-    out, kept = dict(local), []
+    out = dict(local)
     for name, state in sorted(local.items()):
         on_wire = state.to(rt.device)  # NCCL moves CUDA tensors only; gloo, CPU ones
         parts = [torch.empty_like(on_wire) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, on_wire)
-        kept += [on_wire, *parts]
         # One stream per data-parallel rank: the ranks of a TP group (global ranks r*tp .. r*tp+tp-1) share it.
         out.update({f"{name}.rank{r}": parts[r * rt.tp].cpu() for r in range(1, rt.world)})
-    _LAST_GATHER[:] = kept
     return out
 
 
