@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -130,17 +131,23 @@ def test_int8_quantized_runs_and_stays_close(hf_folder, include_path, want):
 
 @pytest.fixture(scope="module")
 def one_index(include_path):
-    """`torchformer eval --tasks`'s task index (lm-eval's ~15k tasks plus ``include_path``), built
-    once for the in-process command tests (issue 33: ~11 s of CPU a build). It is what the command
-    builds itself, read-only to its users; lm-eval's own command line (a child) builds its own."""
+    """`torchformer eval --tasks`'s whole task index (lm-eval's ~15k tasks plus ``include_path``),
+    built at most once for the in-process command tests (issue 33: ~11 s of CPU a build), and
+    ``built``: how many times it was asked for. It is what the command builds itself, read-only to
+    its users; lm-eval's own command line (a child) builds its own."""
     from torchformer.evaluation import lm_eval_run
 
-    real = lm_eval_run.task_manager
-    built = real(include_path)
+    real, built = lm_eval_run.task_manager, []
 
-    def task_manager(path=None):
-        return built if path is not None and Path(path) == include_path else real(path)
+    def task_manager(path=None, *, defaults=True):
+        if not (defaults and path is not None and Path(path) == include_path):
+            return real(path, defaults=defaults)
+        task_manager.asked += 1
+        if not built:
+            built.append(real(path))
+        return built[0]
 
+    task_manager.asked = 0
     return task_manager
 
 
@@ -149,8 +156,10 @@ def test_torchformer_eval_tasks_prints_lm_evals_metrics(hf_folder, include_path,
     from torchformer.evaluation import lm_eval_run
 
     monkeypatch.setattr(lm_eval_run, "task_manager", one_index)
+    asked = one_index.asked
     argv = ["eval", str(hf_folder), "--tasks", "tfm_choice,tfm_generate", "--include-path", str(include_path)]
     assert main([*argv, "--batch-size", "4"]) == 0
+    assert one_index.asked == asked  # the folder defines both tasks: lm-eval's own ~15k were not indexed
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out["tasks"]) == {"tfm_choice", "tfm_generate"}
     assert out["tasks"]["tfm_choice"]["acc,none"] == pytest.approx(want["results"]["tfm_choice"]["acc,none"])
@@ -177,10 +186,37 @@ def test_an_unknown_task_is_one_error_before_the_model_loads(hf_folder, include_
     # the command's first import would leave the fake in cli/eval.py for every later test in the worker.
     monkeypatch.setattr(eval_cli, "load_any", lambda *a, **k: pytest.fail("the model was loaded"))
     monkeypatch.setattr(lm_eval_run, "task_manager", one_index)
+    asked = one_index.asked
     argv = ["eval", str(hf_folder), "--tasks", "tfm_choise,tfm_generate", "--include-path", str(include_path)]
     assert main(argv) == 2
+    assert one_index.asked == asked + 1  # not in the folder: the whole index names it unknown
     err = capsys.readouterr().err
     assert "no lm-eval task named 'tfm_choise'" in err and "tfm_choice" in err and err.count("\n") == 1
+
+
+def test_a_folder_that_defines_every_task_is_indexed_alone(include_path, monkeypatch, tmp_path):
+    """task_manager_for: lm-eval's own tasks are indexed only when a name may need them."""
+    import lm_eval.tasks
+
+    from torchformer.evaluation import lm_eval_run
+
+    real, built = lm_eval.tasks.TaskManager, []
+
+    def spy(include_path=None, include_defaults=True, **kw):  # the whole index stands in as "whole"
+        built.append(include_defaults)
+        return "whole" if include_defaults else real(include_path=include_path, include_defaults=False, **kw)
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", spy)
+    own = lm_eval_run.task_manager_for(["tfm_choice", "tfm_generate"], include_path)
+    assert built == [False] and {"tfm_choice", "tfm_generate"} <= set(own.all_subtasks)
+    folder = tmp_path / "tasks"
+    shutil.copytree(include_path, folder)
+    (folder / "tfm_all.yaml").write_text("group: tfm_all\ntask:\n  - tfm_choice\n")  # a group may gather any task
+    for names, indexed in [(["tfm_*"], [True]), (["tfm_choice", "hellaswag"], [False, True]),
+                           (["tfm_all"], [False, True]), (["tfm_choice"], [False])]:  # fmt: skip
+        built.clear()
+        got = lm_eval_run.task_manager_for(names, folder)
+        assert built == indexed and (got == "whole") == indexed[-1], names
 
 
 @pytest.mark.parametrize(

@@ -449,3 +449,26 @@ def test_quantized_model_serves_what_generate_gives(tiny, scheme):
         engine.stop()
     assert sinks[0].tokens == generate_alone(model, [5, 6, 7], 10, {})
     assert sinks[1].tokens == generate_alone(model, [1, 2], 10, {"temperature": 0.9, "seed": 4})
+
+
+def test_a_request_whose_end_is_sent_is_no_longer_running(tiny):
+    """/metrics' requests_running: the client may read it the moment its answer ends, before the
+    engine frees the row; a request counts as running until its end is sent, not until then."""
+    engine = make_engine(tiny, slots=2)
+    seen = []
+
+    class Watch(Collect):
+        def __call__(self, event) -> None:
+            if isinstance(event, Done):
+                seen.append(engine.running)  # on the engine thread, as the app hands the end on
+            super().__call__(event)
+
+    sinks = [Watch(), Watch()]
+    try:
+        with engine.wake:
+            engine.submit([1, 2, 3], options(3), sinks[0])
+            engine.submit([4, 5], options(6), sinks[1])
+        assert all(sink.ended.wait(30) for sink in sinks)
+    finally:
+        engine.stop()
+    assert seen == [1, 0]  # the longer request still runs when the first ends; then none

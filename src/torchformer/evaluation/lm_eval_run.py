@@ -18,14 +18,26 @@ import sys
 from ..extras import require
 
 
-def task_manager(include_path: str | os.PathLike | None = None):
-    """lm-eval's task index: its own tasks plus the YAML files under ``include_path``."""
+def task_manager(include_path: str | os.PathLike | None = None, *, defaults: bool = True):
+    """lm-eval's task index: its own tasks (``defaults``) plus the YAML files under ``include_path``."""
     require("lm_eval")
     from lm_eval.tasks import TaskManager
 
     if include_path is not None and not os.path.isdir(include_path):
         raise ValueError(f"--include-path {str(include_path)!r}: no such folder (of lm-eval task YAML files)")
-    return TaskManager(include_path=None if include_path is None else str(include_path))
+    return TaskManager(include_path=None if include_path is None else str(include_path), include_defaults=defaults)
+
+
+def task_manager_for(names: list[str], include_path: str | os.PathLike | None = None):
+    """The index ``names`` need. Indexing lm-eval's own ~15k task files takes ~5 s, so when the
+    folder alone defines every name as a task, its index is enough: what a run loads is the same
+    (a folder's task overrides lm-eval's of that name either way). Patterns (``mmlu_*``), groups
+    and tags, which may gather lm-eval's own tasks, and names the folder lacks take the whole index."""
+    if include_path is not None and names and not any(set(n) & set("*?[") for n in names):
+        own = task_manager(include_path, defaults=False)
+        if set(names) <= set(own.all_subtasks):
+            return own
+    return task_manager(include_path)
 
 
 def check_tasks(names: list[str], manager) -> list[str]:
@@ -57,7 +69,7 @@ def evaluate_tasks(
 ) -> dict:
     """lm-eval's results dict for ``tasks`` on ``model`` (anything ``tfm.load_any`` opens). Task
     names are checked first: a misspelt one costs no model load."""
-    manager = task_manager(include_path)
+    manager = task_manager_for(tasks, include_path)
     names = check_tasks(tasks, manager)
     from lm_eval import simple_evaluate
 

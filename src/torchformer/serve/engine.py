@@ -148,7 +148,9 @@ class Engine(Scheduler):
 
     @property
     def running(self) -> int:
-        return sum(job is not None for job in self.rows)
+        """Requests in the batch whose end is not yet sent: a client that has its answer and reads
+        /metrics at once never sees its request running (its row is freed just after)."""
+        return sum(job is not None and not job.ended for job in self.rows)
 
     @property
     def kv_usage(self) -> float:

@@ -76,6 +76,7 @@ class Job:
         self.created = time.monotonic()
         self.deadline = self.created + timeout
         self.cancelled = False  # set by the app's thread; read by the engine at each step
+        self.ended = False  # its end was sent (set before the sink sees it): no longer running, row not yet freed
         self.text = TextStream(texts, params.stop)
         self.tokens: list[int] = []
         # Set when the job gets a row (engine thread only).
@@ -162,10 +163,12 @@ class Job:
         )
 
     def finish(self, reason: str, metrics: Metrics) -> None:
+        self.ended = True
         metrics.finish(reason)
         metrics.tokens(len(self.prompt) if self.index == 0 else 0, len(self.tokens))  # the prompt once
         self.sink(Done(reason, len(self.prompt), len(self.tokens), self.index, self.cached))
 
     def fail(self, error: APIError, metrics: Metrics) -> None:
+        self.ended = True
         metrics.finish("error")
         self.sink(Failed(error))
