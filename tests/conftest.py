@@ -5,22 +5,41 @@ import os
 # under the suite's load (two workers, children at 2 threads) spinning threads starve the threads
 # they wait for: an encoder-decoder training child took 29-40 s of CPU spinning, 8-9 s passive.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Inductor compiles in the process that asks, without its pool of compile workers: each pool is new
+# interpreters importing torch (~2 s of CPU each), started in every process that compiles (a
+# worker, a forked server) and stopped at its exit (~1 s); the suite's graphs are small, and the
+# kernels are the same.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+import gc  # noqa: E402
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 try:  # pytest >= 9 keeps a node's id as a NodeId in item._id
     from _pytest.nodeid import NodeId
 except ImportError:  # older pytest reads item._nodeid, where xdist writes its group suffix
     NodeId = None
 
-# One thread by default: the test models are tiny, and on a busy 2-core machine two OpenMP threads
-# spin-wait on each other (measured: the causality tests took 82 s with 2 threads, 3.5 s with 1).
-torch.set_num_threads(int(os.environ.get("TORCHFORMER_TEST_THREADS", "1")))
+
+def runs_tests(config) -> bool:
+    """False in pytest-xdist's controller: it hands the tests to its workers and imports no torch
+    (~1.5 s before the workers start)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) or not getattr(config.option, "numprocesses", None)
+
+
+def pytest_configure(config):
+    if runs_tests(config):
+        import torch
+
+        # One thread by default: the test models are tiny, and on a busy 2-core machine two OpenMP threads
+        # spin-wait on each other (measured: the causality tests took 82 s with 2 threads, 3.5 s with 1).
+        torch.set_num_threads(int(os.environ.get("TORCHFORMER_TEST_THREADS", "1")))
 
 
 @pytest.fixture(autouse=True)
 def _seed():
+    import torch
+
     torch.manual_seed(0)
     yield
 
@@ -29,6 +48,8 @@ def _seed():
 def _threads():
     """Every test starts at the suite's thread count: the serve CLI, run in-process, leaves its
     calling thread at one (cli/serve.py ``http_thread_serial``)."""
+    import torch
+
     count = torch.get_num_threads()
     yield
     if torch.get_num_threads() != count:
@@ -51,11 +72,14 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionstart(session):
     """Build the native CPU kernels once, before any test (fast/native.py; ~35-75 s on 2 cores, a
-    no-op once built or with TORCHFORMER_NATIVE=0). A test that met the build first waited on it
-    under the lock: a server under test answered /health 503 past its 60 s readiness limit."""
-    from torchformer.fast import native
+    no-op once built, as `make install` leaves them, or with TORCHFORMER_NATIVE=0): each worker
+    asks before its first test, one builds while the other waits on the build's lock. A test that
+    met the build first waited on it under the lock: a server under test answered /health 503 past
+    its 60 s readiness limit."""
+    if runs_tests(session.config):
+        from torchformer.fast import native
 
-    native.kernels()
+        native.kernels()
 
 
 @pytest.fixture
@@ -65,6 +89,8 @@ def aot_eager(monkeypatch):
     would compile none). For tests of graph capture, guards and recompiles rather than inductor's
     kernels (those: generation/test_compile.py): a cold inductor compile costs 10-60 s of CPU, this
     one a second or two."""
+    import torch
+
     from torchformer.generation import steps
     from torchformer.nn import flex
 
@@ -85,3 +111,11 @@ def aot_eager(monkeypatch):
     yield graphs
     flex._compiled_kernel.cache_clear()
     torch._dynamo.reset()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """The interpreter's teardown collects whatever the process still holds: seconds of CPU in a
+    worker that ran half the suite, and the last worker's exit is on the suite's clock. Frozen after
+    pytest's own last collection (unraisable exceptions), it is left to the process's end."""
+    gc.freeze()

@@ -69,9 +69,13 @@ class Zygote:
             self.ready = True
         return self.path
 
+    def hang_up(self) -> None:
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()  # it kills its children and exits at end of input
+
     def close(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()  # it kills its children and exits at end of input
+            self.hang_up()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -97,8 +101,13 @@ def zygote(env: dict[str, str], slot: int) -> Zygote:
 
 @atexit.register
 def close_all() -> None:
-    while _ZYGOTES:
-        _ZYGOTES.popitem()[1].close()
+    """Every zygote at once: each ends when its input closes."""
+    zygotes = list(_ZYGOTES.values())
+    _ZYGOTES.clear()
+    for zygote in zygotes:
+        zygote.hang_up()
+    for zygote in zygotes:
+        zygote.close()
 
 
 def _command(cmd: list[str]) -> list[str]:
