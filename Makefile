@@ -27,11 +27,17 @@ $(STAMP): pyproject.toml constraints.txt
 # What the first run or test would otherwise stop to make, made once at install (issue 33: on a
 # fresh clone the first test to need them waited ~40-130 s, with the other worker idle or slowed):
 # the native CPU kernels (fast/native.py; where they cannot build, the library paths run, so a
-# failed build does not fail the install) and llama.cpp's converter source (the llama-cpp-python
-# sdist's vendored tree, which the GGUF tests convert with; benchmarks/engines.py llama_source).
+# failed build does not fail the install), llama.cpp's converter source (the llama-cpp-python
+# sdist's vendored tree, which the GGUF tests convert with; benchmarks/engines.py llama_source), and
+# the bytecode an editable install skips: the package's and the tests' (pytest's assert-rewritten
+# test modules). Written here even under PYTHONDONTWRITEBYTECODE, as pip byte-compiles a wheel;
+# without it every interpreter compiles the sources again (each test worker's collection ~4-5 s).
 prepare:
 	$(BIN)/torchformer kernels build || echo "the CPU kernels did not build: the library paths will run"
 	$(BIN)/python -c "from benchmarks.engines import CACHE, llama_source; print('llama.cpp source:', llama_source(CACHE))"
+	$(BIN)/python -m compileall -q src tests benchmarks/*.py
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -q -p no:cacheprovider tests > /dev/null 2>&1 \
+	  || echo "the tests did not collect: make test will say why"
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=30 tests
