@@ -10,7 +10,6 @@ import http.server
 import importlib
 import inspect
 import pkgutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -18,9 +17,12 @@ from pathlib import Path
 import pytest
 
 import torchformer
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
-MKDOCS = Path(sys.executable).with_name("mkdocs")
+# `mkdocs` as its console script runs it, forked from the zygote (tests/zygote.py): the site's
+# CLI reference imports torchformer's command line, so torch, which the zygote has imported once.
+MKDOCS = [sys.executable, "-m", "mkdocs"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs")]
 
@@ -62,8 +64,8 @@ CONTENT = {
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    done = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = zygote.run([*MKDOCS, "build", "--strict", "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
+                      timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -101,8 +103,8 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks", target_is_directory=True)
     page = tmp_path / "docs" / "concepts" / "layout.md"
     page.write_text(page.read_text() + "\n[gone](no-such-page.md)\n")
-    done = subprocess.run([str(MKDOCS), "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = zygote.run([*MKDOCS, "build", "--strict", "--site-dir", str(tmp_path / "site")], cwd=tmp_path,
+                      capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode != 0 and "no-such-page.md" in done.stderr
 
 

@@ -97,7 +97,10 @@ def test_the_build_honours_torch_extensions_dir_runs_one_ninja_and_says_so(tmp_p
 
 def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkeypatch, capsys):
     from torchformer.cli.main import main
+    from torchformer.fast import compiled
 
+    warmed = []
+    monkeypatch.setattr(compiled, "warm_inductor", lambda: warmed.append(1) or 12.0)  # each build; not status
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.setenv("TORCHFORMER_NATIVE", "1")
     monkeypatch.setattr(native.torch.cpu, "_is_avx512_supported", lambda: True)
@@ -107,9 +110,12 @@ def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkey
     monkeypatch.setattr(native, "kernels", lambda: None)  # as when the compiler fails
     assert main(["kernels", "build"]) == 2
     assert f"could not be built in {folder}" in capsys.readouterr().err
+    assert not warmed  # a failed build stops before inductor
     monkeypatch.setattr(native, "kernels", lambda: (folder / f"{native.NAME}.so").touch() or object())
     assert main(["kernels", "build"]) == 0
-    assert "the CPU kernels are ready for avx512 (built in" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "the CPU kernels are ready for avx512 (built in" in out and warmed == [1]
+    assert "inductor's one-time work on this machine is done (12 s)" in out
     assert main(["kernels", "status"]) == 0
     assert f"the CPU kernels are built: {folder}" in capsys.readouterr().out
     monkeypatch.setenv("TORCHFORMER_NATIVE", "0")
@@ -120,3 +126,17 @@ def test_kernels_command_reports_builds_ahead_and_fails_clearly(tmp_path, monkey
     monkeypatch.setattr(native.torch.cpu, "_is_avx2_supported", lambda: False)
     assert main(["kernels", "build"]) == 0
     assert "neither AVX-512 nor AVX2 with FMA and F16C: the library paths run" in capsys.readouterr().out
+    assert warmed == [1, 1, 1]  # without the kernels too: inductor's work is the same
+
+
+def test_warming_inductor_compiles_a_step_with_each_host_code(monkeypatch):
+    from torchformer.fast import compiled
+
+    kinds = []
+
+    def compile_step(fn, cpp):
+        kinds.append(cpp)
+        return fn  # eager: what is checked is what is asked for, and that it runs
+
+    monkeypatch.setattr(compiled, "compile_step", compile_step)
+    assert compiled.warm_inductor() >= 0 and kinds == [True, False]

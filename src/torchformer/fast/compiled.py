@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import torch
 from torch import nn
@@ -52,3 +53,18 @@ def compile_step(fn, cpp: bool):
     when set: a test's backend (tests/conftest.py aot_eager) takes none."""
     options = {"cpp_wrapper": True} if cpp else None
     return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+
+
+def warm_inductor() -> float:
+    """Inductor's one-time work on a machine, done ahead: its probe of the CPU's vector ISA (small
+    programs it compiles and runs) and its precompiled header of torch's C++ headers, made by
+    compiling one tiny step with each host code into its cache (TORCHINDUCTOR_CACHE_DIR, default
+    /tmp/torchinductor_$USER). ~12 s of CPU the first time on a machine (measured: a first
+    compiled test 27.5 -> 22.5 s after it), ~1 s once done. Returns the seconds it took."""
+    start = time.perf_counter()
+    x, w = torch.randn(4, 8), torch.randn(8, 8)  # (4, 8) rows through an (8, 8) weight
+    for cpp in (True, False):
+        torch._dynamo.reset()  # a fresh compile each time, and nothing left for the caller
+        compile_step(lambda x, w: torch.nn.functional.silu(x @ w).sum(-1), cpp)(x, w)
+    torch._dynamo.reset()
+    return time.perf_counter() - start
