@@ -150,13 +150,13 @@ def main() -> None:
     listener.bind(path)
     listener.listen(64)
     selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ, "listen")
-    selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    selector.register(listener, selectors.EVENT_READ, ("listen", None))
+    selector.register(sys.stdin, selectors.EVENT_READ, ("stdin", None))
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (its client's connection, its pidfd)
     print("ready", flush=True)
     while True:
         for key, _ in selector.select():
-            kind, pid = key.data if isinstance(key.data, tuple) else (key.data, None)
+            kind, pid = key.data  # what is ready, and the child it is about
             if kind == "stdin":
                 if not os.read(sys.stdin.fileno(), 4096):  # the test process is gone: so are we
                     for pid in children:
