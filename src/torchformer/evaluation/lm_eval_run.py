@@ -29,7 +29,7 @@ def task_manager(include_path: str | os.PathLike | None = None, *, defaults: boo
 
 
 def task_manager_for(names: list[str], include_path: str | os.PathLike | None = None):
-    """The index ``names`` need. Indexing lm-eval's own ~15k task files takes ~5 s, so when the
+    """The index ``names`` need. Indexing lm-eval's own ~14k task files takes ~8-10 s, so when the
     folder alone defines every name as a task, its index is enough: what a run loads is the same
     (a folder's task overrides lm-eval's of that name either way). Patterns (``mmlu_*``), groups
     and tags, which may gather lm-eval's own tasks, and names the folder lacks take the whole index."""
