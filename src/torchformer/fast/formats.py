@@ -17,6 +17,7 @@ from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
+from .joint import join
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -142,11 +143,13 @@ def prepared(module: nn.Module, release_mapped: bool = False) -> nn.Module:
 def prepare(model: nn.Module, release_mapped: bool = False) -> int:
     """Swap ``model``'s quantized linears for their panel twins and its bf16 ``Linear``s for
     ``Bf16Linear`` where the kernels run (``prepared``, one module at a time, so a panel copy
-    never waits for the others); returns how many were swapped (module docstring). Idempotent;
-    a no-op without the kernels."""
+    never waits for the others), then joins the panel twins of each attention's q/k/v and each
+    gated MLP's gate/up (fast/joint.py, again where a load or cast since left a joint stale);
+    returns how many were swapped (module docstring). Idempotent; a no-op without the kernels."""
     names = [name for name, m in model.named_modules() if fits(m) is not None]
     for name in names:
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, leaf, prepared(getattr(owner, leaf), release_mapped))
+    join(model)  # q/k/v and gate/up panel twins as one product each (fast/joint.py)
     return len(names)

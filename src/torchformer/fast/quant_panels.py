@@ -67,6 +67,11 @@ def from_panels(panels: Tensor, n: int) -> Tensor:
     return panels.transpose(1, 2).reshape(-1, *panels.shape[1:2], *panels.shape[3:])[:n]
 
 
+def rows_of(x: Tensor) -> Tensor:
+    """x (..., K) as the kernels take it: (rows, K) contiguous fp32."""
+    return x.reshape(x.numel() // max(1, x.shape[-1]), -1).float().contiguous()
+
+
 class PanelLinear(QuantLinear):
     """A quantized linear in panels; its state dict is its portable module's (``portable()``).
     Each twin also subclasses its portable class: it is that scheme's module, in another layout."""
@@ -123,15 +128,21 @@ class PanelLinear(QuantLinear):
         return next(c for c in cls.__mro__ if issubclass(c, QuantLinear) and not issubclass(c, PanelLinear))
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.training or not x.is_cpu or torch.is_grad_enabled():
+        if not self.runs(x):
             # The reference: training error, other devices, and any product under grad mode (QLoRA
             # trains over these modules: its forward stays exact, activations unrounded).
             return super().forward(x)
-        rows = x.numel() // max(1, x.shape[-1])
-        out = self.product(x.reshape(rows, -1).float().contiguous())  # (rows, N) fp32
+        return self.finish(self.product(rows_of(x)), x)
+
+    def runs(self, x: Tensor) -> bool:
+        """Whether the kernel takes x: inference on the CPU (module docstring)."""
+        return not (self.training or not x.is_cpu or torch.is_grad_enabled())
+
+    def finish(self, out: Tensor, x: Tensor) -> Tensor:
+        """The kernel's fp32 product (rows, N) plus the bias, in x's dtype and leading shape (..., N)."""
         if self.bias is not None:
             out = out + self.bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)  # (..., N)
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def product(self, x2: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -75,11 +75,17 @@ class Attention(nn.Module):
             self.v_proj(memory), self.n_kv_heads
         )
 
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> q (B, T, H*E), k and v (B, T, K*E): the input projections, one product
+        each (fast/joint.py runs them as one where the kernels' layout allows)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x: Tensor, ctx: AttnInputs, cache=None) -> Tensor:
         """Self-attention of x (B, T, D) -> (B, T, D); cache is a LayerCache or None."""
-        q = self.split_heads(self.q_norm(self.q_proj(x)), self.n_heads)  # (B, H, T, E)
-        k = self.split_heads(self.k_norm(self.k_proj(x)), self.n_kv_heads)  # (B, K, T, E)
-        v = self.split_heads(self.v_proj(x), self.n_kv_heads)
+        q, k, v = self.project(x)
+        q = self.split_heads(self.q_norm(q), self.n_heads)  # (B, H, T, E)
+        k = self.split_heads(self.k_norm(k), self.n_kv_heads)  # (B, K, T, E)
+        v = self.split_heads(v, self.n_kv_heads)
         if ctx.rope is not None:
             q, k = self.rotate(q, *ctx.rope), self.rotate(k, *ctx.rope)
         if cache is not None:

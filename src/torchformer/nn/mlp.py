@@ -63,5 +63,10 @@ class GatedMLP(nn.Module):
         self.down = Linear(d_ff, d_model, bias=bias)
         self.act, self.glu = act, gated_product(act)
 
+    def gate_up(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (..., D) -> gate(x), up(x) (..., d_ff) each (fast/joint.py runs them as one product
+        where the kernels' layout allows)."""
+        return self.gate(x), self.up(x)
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.glu(self.gate(x), self.up(x)))
+        return self.down(self.glu(*self.gate_up(x)))

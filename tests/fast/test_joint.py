@@ -1,0 +1,170 @@
+"""Joint input projections (fast/joint.py): an attention's q/k/v and a gated MLP's gate/up panel
+twins run as one product over one buffer. Over the grid: the joint model's outputs equal, bit for
+bit, the same model's with each member's own product (eager and compiled greedy decoding), its
+state dict is the unjoined model's, and exactly the groups whose members fit are joint. A load into
+a member, a member swapped for another module, a hook, or members that do not fit: the members'
+own products, and ``prepare`` joins again where it can."""
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+import torchformer as tfm
+from tests.grid import KV_HEADS, N_HEADS, build, forward, params, variants
+from torchformer.fast import formats
+from torchformer.fast.joint import JointOwner, joinable
+from torchformer.nn.attention import Attention
+from torchformer.nn.mlp import GatedMLP
+
+pytestmark = pytest.mark.skipif(
+    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+)
+
+HEAD = 8  # the grid's head size: d_model 32 over 4 heads
+SCHEMES = (("int8", None), ("int4", 16), ("int8", 16))
+
+
+def joints(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, JointOwner) and m.joint is not None]
+
+
+@contextlib.contextmanager
+def apart(model: nn.Module):
+    """The model with every owner on its members' own products while the block runs."""
+    saved = [(m, m.joint) for m in joints(model)]
+    for m, _ in saved:
+        m.joint = None
+    try:
+        yield
+    finally:
+        for m, j in saved:
+            m.joint = j
+
+
+def expected_joints(model: nn.Module, v: dict) -> int:
+    """Groups whose members are all whole 16-row panels: q (32 wide) with k and v (8 per KV head),
+    and every gated MLP's gate and up."""
+    kv_fits = KV_HEADS[v["heads"]] * HEAD % 16 == 0 and N_HEADS * HEAD % 16 == 0
+    attention = sum(type(m) is Attention for m in model.modules()) if kv_fits else 0
+    gated = [m for m in model.modules() if type(m) is GatedMLP]
+    return attention + sum(m.gate.out_features % 16 == 0 for m in gated)
+
+
+ROWS = [(v, *SCHEMES[i % len(SCHEMES)]) for i, v in enumerate(variants())]  # each row with one scheme, in turn
+IDS = [f"{vid}-{s}{g or ''}" for vid, (_, s, g) in zip(params(variants())["ids"], ROWS)]
+
+
+@pytest.mark.parametrize("v,scheme,group", ROWS, ids=IDS)
+def test_joint_products_equal_the_members_own_and_only_fitting_groups_join(v, scheme, group):
+    model = build(v)
+    expected = expected_joints(model, v)  # counted before quantize joins them (their class changes)
+    model = tfm.quantize(model, scheme, group_size=group)
+    assert len(joints(model)) == expected
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        joint = forward(model, ids)
+        with apart(model):
+            own = forward(model, ids)
+    assert torch.equal(joint, own)
+
+
+@pytest.mark.parametrize("scheme,group", SCHEMES)
+def test_the_state_dict_is_the_unjoined_models(scheme, group):
+    v = next(v for v in variants(("decoder",)) if v["mlp"] == "swiglu" and v["heads"] != "mqa")
+    joint = tfm.quantize(build(v), scheme, group_size=group)
+    assert len(joints(joint)) == 2 * 2  # two layers: attention and MLP each
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(formats, "join", lambda model: 0)
+        plain = tfm.quantize(build(v), scheme, group_size=group)
+    assert not joints(plain)
+    a, b = joint.state_dict(), plain.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def swiglu_decoder() -> dict:
+    return next(v for v in variants(("decoder",)) if v["mlp"] == "swiglu" and v["heads"] == "mha")
+
+
+def test_compiled_greedy_decoding_is_the_same_joint_or_apart():
+    model = tfm.quantize(build(swiglu_decoder()), "int4", group_size=16)
+    assert joints(model)
+    ids = torch.randint(0, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(4))
+    joint = tfm.generate(model, ids, max_new_tokens=8, compile=True)
+    eager = tfm.generate(model, ids, max_new_tokens=8)
+    with apart(model):
+        own = tfm.generate(model, ids, max_new_tokens=8, compile=True)
+    assert torch.equal(joint, own) and torch.equal(joint, eager)
+
+
+def test_a_load_writes_through_the_views_and_a_replaced_tensor_is_seen():
+    v = swiglu_decoder()
+    model = tfm.quantize(build(v), "int8", group_size=None)
+    other = tfm.quantize(build(v, seed=5), "int8", group_size=None)
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        want = forward(other, ids)
+    model.load_state_dict(other.state_dict())  # repacks each member in place: into the joint buffer
+    assert all(m.joint.current(m) for m in joints(model))
+    with torch.inference_mode():
+        assert torch.equal(forward(model, ids), want)
+    # A member's tensor replaced (as a repack into new tensors, or a cast, does): no longer the
+    # joint buffer's view, so the owner takes its members' products until prepare joins again.
+    owner = next(m for m in joints(model) if isinstance(m, Attention))
+    owner.q_proj.scale = owner.q_proj.scale * 2
+    assert not owner.joint.current(owner)
+    with torch.inference_mode():
+        with apart(model):
+            doubled = forward(model, ids)
+        assert not torch.equal(doubled, want)
+        assert torch.equal(forward(model, ids), doubled)
+    formats.prepare(model)
+    assert owner.joint.current(owner)
+    with torch.inference_mode():
+        assert torch.equal(forward(model, ids), doubled)
+
+
+class Shifted(nn.Module):
+    """Another module in a member's place (as an adapter's wrapper is): its own output + 1."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + 1
+
+
+def test_a_swapped_or_hooked_member_takes_its_own_forward():
+    model = tfm.quantize(build(swiglu_decoder()), "int4", group_size=16)
+    mlp = next(m for m in joints(model) if isinstance(m, GatedMLP))
+    x = torch.randn(3, model.config.d_model)
+    with torch.inference_mode():
+        gate, up = mlp.gate(x), mlp.up(x)
+        mlp.up = Shifted(mlp.up)
+        assert torch.equal(mlp.gate_up(x)[1], up + 1)
+        formats.prepare(model)  # the swapped member no longer fits: the owner goes back to its own
+        assert mlp.joint is None
+        mlp.up = mlp.up.inner
+        formats.prepare(model)
+        assert mlp.joint is not None
+        handle = mlp.gate.register_forward_hook(lambda mod, args, out: out * 2)
+        assert torch.equal(mlp.gate_up(x)[0], gate * 2)
+        handle.remove()
+        assert torch.equal(mlp.gate_up(x)[0], gate)
+
+
+def test_members_that_do_not_share_a_format_or_whole_panels_stay_apart():
+    v = swiglu_decoder()
+    int8 = tfm.quantize(build(v), "int8", group_size=None)
+    int4 = tfm.quantize(build(v), "int4", group_size=16)
+    a8 = next(m for m in int8.modules() if isinstance(m, Attention))
+    a4 = next(m for m in int4.modules() if isinstance(m, Attention))
+    assert joinable([a8.q_proj, a8.k_proj, a8.v_proj])
+    assert not joinable([a8.q_proj, a4.k_proj, a8.v_proj])  # int8 beside int4
+    int4_32 = tfm.quantize(build(v), "int4", group_size=32)
+    assert not joinable([a4.q_proj, next(m for m in int4_32.modules() if isinstance(m, Attention)).k_proj])
+    narrow = tfm.quantize(build(v, attention=tfm.AttentionConfig(n_heads=4, n_kv_heads=1)), "int8", group_size=None)
+    assert not any(isinstance(m, Attention) for m in joints(narrow))  # k and v: 8 rows, half a panel
