@@ -1,7 +1,8 @@
 """fast/native.py's decode kernel (one query per row over the first n cached keys) equals SDPA over
 that prefix: MHA, GQA and MQA, head widths that are and are not multiples of 16, a per-head bias
 with -inf holes, a broadcast mask, no term at all; and a cached decode step routes through it
-(fast/attention.py, the CPU kernel of nn/backends.py's prefix_sdpa op)."""
+(fast/attention.py, the CPU kernel of nn/backends.py's prefix_sdpa op), whose C++ registration
+(what a generation scope makes it) equals its Python one and can be given back."""
 
 import pytest
 import torch
@@ -26,6 +27,14 @@ SHAPES = [  # (B, H, K, E, S, n)
 @pytest.fixture(scope="module")
 def kernel():
     return built_kernels()
+
+
+@pytest.fixture
+def python_kernel(monkeypatch):
+    """The op's Python CPU kernel for the test (its spies watch it), whatever a generation scope
+    registered before: scopes opened during the test leave it."""
+    attention.native(False)
+    monkeypatch.setattr(attention, "native", lambda on=True: False)
 
 
 @pytest.mark.parametrize("B, H, K, E, S, n", SHAPES)
@@ -73,7 +82,7 @@ def spy_on(kernel, monkeypatch) -> list[str]:
 
 
 @torch.inference_mode()
-def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch):
+def test_a_cached_decode_step_uses_the_kernel(kernel, monkeypatch, python_kernel):
     import torchformer as tfm
 
     calls = spy_on(kernel, monkeypatch)
@@ -143,7 +152,7 @@ def test_a_bf16_cache_the_kernel_cannot_take_goes_to_sdpa(kernel):
 
 
 @torch.inference_mode()
-def test_a_bf16_model_decodes_through_the_kernel(kernel, monkeypatch):
+def test_a_bf16_model_decodes_through_the_kernel(kernel, monkeypatch, python_kernel):
     import torchformer as tfm
 
     calls = spy_on(kernel, monkeypatch)
@@ -165,3 +174,46 @@ def test_a_bf16_model_decodes_through_the_kernel(kernel, monkeypatch):
     monkeypatch.setattr(attention, "kernels", lambda: None)
     plain = net.logits(step_ids, step_pos, None, cache)
     torch.testing.assert_close(fast.float(), plain.float(), rtol=0.05, atol=0.05)
+
+
+def op_cases():
+    """(q, k, v, term, n) the op takes: decode steps over fp32 and bf16 caches with each kind of
+    term, a chunk of 3 queries (SDPA over the prefix), a bf16 head too wide for the kernel."""
+    g = torch.Generator().manual_seed(11)
+    for B, H, K, E, S, n in SHAPES:
+        for dtype in (torch.float32, torch.bfloat16):
+            if dtype == torch.bfloat16 and E > 128:
+                continue
+            k = torch.randn(B, K, S + 5, E, generator=g).to(dtype)[:, :, :S]
+            v = torch.randn(B, K, S + 5, E, generator=g).to(dtype)[:, :, :S]
+            bias = torch.randn(B, H, 1, S, generator=g).to(dtype)
+            for term in (None, bias):
+                yield torch.randn(B, H, 1, E, generator=g).to(dtype), k, v, term, n
+    k = torch.randn(2, 2, 12, 16, generator=g)
+    yield torch.randn(2, 4, 3, 16, generator=g), k, k, torch.zeros(2, 1, 3, 12), 9
+    wide = torch.randn(1, 2, 8, 160, generator=g).bfloat16()
+    yield torch.randn(1, 2, 1, 160, generator=g).bfloat16(), wide, wide, None, 4
+
+
+def test_the_ops_cpp_kernel_equals_its_python_one(kernel):
+    attention.native(True)
+    for q, k, v, term, n in op_cases():
+        got = torch.ops.torchformer.prefix_sdpa(q, k, v, term, torch.tensor(n), 0.3)  # the C++ kernel
+        assert torch.equal(got, attention.prefix_attention(q, k, v, term, torch.tensor(n), 0.3))
+
+
+@torch.inference_mode()
+def test_a_generation_scope_registers_the_cpp_kernel_and_it_can_be_given_back(kernel):
+    import torchformer as tfm
+
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=64, n_layers=2, max_seq_len=64)
+    net = tfm.build_model(cfg).eval()
+    ids = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(2))
+    assert not attention.native(False) and attention.CPU_KERNEL is not None
+    out = tfm.generate(net, ids, max_new_tokens=5)
+    assert attention.CPU_KERNEL is None  # the scope registered the C++ kernel
+    assert not attention.native(False)
+    assert attention.CPU_KERNEL is not None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(attention, "native", lambda on=True: False)
+        assert torch.equal(out, tfm.generate(net, ids, max_new_tokens=5))  # the Python kernel throughout

@@ -10,11 +10,13 @@ the originals come back on exit.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
 from collections.abc import Iterator
 
 from torch import nn
 
+from . import attention
 from . import panels as copies
 from .formats import prepare
 
@@ -28,11 +30,19 @@ def packed(model: nn.Module, rows: int = copies.MIN_ROWS) -> Iterator[None]:
         yield
         return
     prepare(model)
+    if on_cpu(model):
+        attention.native()  # the cached steps' attention op without a way back into Python
     swaps = copies.pack(model) if rows >= copies.MIN_ROWS else []
     try:
         yield
     finally:
         copies.unpack(swaps)
+
+
+def on_cpu(model: nn.Module) -> bool:
+    """Whether ``model``'s first tensor (parameter or buffer) is on the CPU (a model with none: True)."""
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return tensor is None or tensor.is_cpu
 
 
 def split(model: nn.Module) -> bool:

@@ -473,10 +473,52 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return decode_fp32(q.to(at::kFloat), k, v, term32, n, scale).to(q.scalar_type());
 }
 
+// torchformer::prefix_sdpa's CPU kernel (nn/backends.py) in C++: fast/attention.py's Python one
+// made it, the decode kernel where it applies, else SDPA over the live prefix. Registered in its
+// place by register_prefix_sdpa once the kernels load (fast/attention.py ``native``), so that a
+// compiled step, whose C++ host code calls the op through the dispatcher, never comes back into
+// Python for it (~7 us a call at the toy shape, six a step).
+namespace {
+bool decodes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+             const c10::optional<torch::Tensor>& term) {  // as fast/attention.py's ``decodes``
+  auto cache_dtype = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; };
+  const bool has_term = term.has_value() && term->defined();
+  const bool cache = k.scalar_type() == v.scalar_type() && cache_dtype(k.scalar_type());
+  const bool floats = cache_dtype(q.scalar_type()) && (!has_term || cache_dtype(term->scalar_type()));
+  const bool unit = q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1;
+  const bool shape = k.scalar_type() == at::kFloat || (q.size(-1) == v.size(-1) && v.size(-1) <= 128);
+  return q.dim() == 4 && q.size(2) == 1 && cache && floats && unit && shape;
+}
+
+torch::Tensor prefix_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                          const c10::optional<torch::Tensor>& term, const torch::Tensor& live, double scale) {
+  const int64_t n = live.item<int64_t>();
+  if (decodes(q, k, v, term)) return decode_attention(q, k, v, term, n, scale);
+  // nn/backends.py sdpa_prefix: SDPA over the first n slots, the term cut to them
+  c10::optional<torch::Tensor> cut;
+  if (term.has_value() && term->defined()) cut = term->narrow(-1, 0, n);
+  return at::scaled_dot_product_attention(q, k.narrow(2, 0, n), v.narrow(2, 0, n), cut, 0.0, false, scale,
+                                          q.size(1) != k.size(1));
+}
+}  // namespace
+
+// on: register the kernel above for the op on the CPU (once); off: drop that registration again.
+void register_prefix_sdpa(bool on) {
+  static torch::Library* library = nullptr;  // its registrations last until it is deleted
+  if (on && !library) {
+    library = new torch::Library(torch::Library::IMPL, "torchformer", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    library->impl("prefix_sdpa", TORCH_FN(prefix_sdpa));
+  } else if (!on && library) {
+    delete library;
+    library = nullptr;
+  }
+}
+
 // The two kernels run without the GIL: a server's event loop thread goes on while the engine
 // thread computes (both only read their tensor arguments, which the caller keeps alive).
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
   m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
+  m.def("register_prefix_sdpa", &register_prefix_sdpa, "torchformer::prefix_sdpa's CPU kernel in C++: on or off");
 }
