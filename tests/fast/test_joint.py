@@ -33,14 +33,10 @@ def joints(model: nn.Module) -> list[nn.Module]:
 @contextlib.contextmanager
 def apart(model: nn.Module):
     """The model with every owner on its members' own products while the block runs."""
-    saved = [(m, m.joint) for m in joints(model)]
-    for m, _ in saved:
-        m.joint = None
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        for m in joints(model):
+            mp.setattr(m, "joint", None)
         yield
-    finally:
-        for m, j in saved:
-            m.joint = j
 
 
 def expected_joints(model: nn.Module, v: dict) -> int:
