@@ -24,6 +24,17 @@ def cases(v: int):
     return {"plain": plain, "ties": ties, "tail": tail, "both": both, "masked": masked}
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows,v", [(1, 8192), (2, 8000), (3, 97)])
+def test_argmax_of_small_inputs_is_torchs_in_every_dtype(dtype, rows, v):
+    """Below MIN_SIZE the rows go to torch's argmax (16-bit ones widened first): the same index,
+    ties included (bf16 rounding makes many)."""
+    for name, x in cases(v).items():
+        x = x[:rows].to(dtype)
+        assert blocks(x) is None
+        assert torch.equal(argmax(x), x.argmax(-1)), name
+
+
 @pytest.mark.parametrize("v", [8192, 8000, 32000 + 7, 128256])
 def test_argmax_is_torchs_first_index(v):
     for name, x in cases(v).items():

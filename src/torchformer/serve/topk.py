@@ -58,7 +58,9 @@ def argmax(x: Tensor) -> Tensor:
     """x.argmax(-1) of x (N, V): (N,), the first index of each row's maximum."""
     grouped = blocks(x)
     if grouped is None:
-        return x.argmax(-1)
+        # torch's argmax over 16-bit logits takes ~3x its fp32 one (1 row of 8192 bf16: 30.6 us
+        # against 8.4 + 1.9 for the exact widening copy): a bf16 model's step hands it bf16 rows.
+        return (x.float() if x.dtype in (torch.bfloat16, torch.float16) else x).argmax(-1)
     first = grouped.amax(-1).argmax(-1, keepdim=True)  # (N, 1): the first block holding the maximum
     index = candidates(x, first)  # (N, BLOCK [+ tail])
     # In index order (the block, then the tail after every whole block): the first maximum of
