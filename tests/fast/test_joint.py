@@ -164,3 +164,38 @@ def test_members_that_do_not_share_a_format_or_whole_panels_stay_apart():
     assert not joinable([a4.q_proj, next(m for m in int4_32.modules() if isinstance(m, Attention)).k_proj])
     narrow = tfm.quantize(build(v, attention=tfm.AttentionConfig(n_heads=4, n_kv_heads=1)), "int8", group_size=None)
     assert not any(isinstance(m, Attention) for m in joints(narrow))  # k and v: 8 rows, half a panel
+
+
+def region_model() -> nn.Module:
+    """A quantized llama-tiny whose stack runs its layers through compile regions (models/regions.py),
+    which refuse inputs that alias one another: the joint buffer's views, if two reach one region."""
+    torch.manual_seed(0)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=97, d_model=32, n_layers=3, max_seq_len=48)
+    model = tfm.build_model(cfg).eval()
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.5)  # varied greedy tokens from random weights
+    model = tfm.quantize(model, "int4", group_size=16)
+    model.stack.regions = True
+    return model
+
+
+def test_compiled_regions_run_joint_and_apart_after_a_swap_or_training(aot_eager):
+    model = region_model()
+    assert len(joints(model)) == 2 * 3
+    ids = torch.randint(1, 97, (1, 6), generator=torch.Generator().manual_seed(7))
+    eager = tfm.generate(model, ids, max_new_tokens=10)
+    assert torch.equal(tfm.generate(model, ids, max_new_tokens=10, compile=True), eager)
+    # A member swapped (as an adapter's wrapper is): the next scope drops that joint and gives
+    # its members their own copies, so the region gets no aliasing inputs.
+    attn = next(m for m in joints(model) if isinstance(m, Attention))
+    attn.k_proj = Shifted(attn.k_proj)
+    shifted = tfm.generate(model, ids, max_new_tokens=10)
+    assert attn.joint is None
+    assert torch.equal(tfm.generate(model, ids, max_new_tokens=10, compile=True), shifted)
+    attn.k_proj = attn.k_proj.inner
+    # Training mode: every owner's members part (the reference products run), joined again by the
+    # next scope.
+    model.train().eval()
+    assert not joints(model)
+    assert torch.equal(tfm.generate(model, ids, max_new_tokens=10, compile=True), eager)
+    assert len(joints(model)) == 2 * 3

@@ -18,8 +18,11 @@ A member whose tensors were replaced since (a load into it repacks, a dtype cast
 the joint buffer; a member swapped for another module (an adapter's wrapper) is no longer the one
 joined: an eager call checks both, and hooks, and takes the members' own products; ``join`` (run
 by ``prepare``, so by every generate's and the serving engine's scope before its compiled step
-runs) joins them again or lets the owner go back to its own products. Grad mode, training and
-other devices take the members' forwards (the reference products, as ``PanelLinear`` does).
+runs) joins them again or lets the owner go back to its own products, giving each member its own
+copy of its rows first (``Joint.unshare``: a compile region refuses inputs that alias one another,
+as the members' views would once they run on their own), as ``train()`` does. Grad mode and other
+devices take the members' forwards (the reference products, as ``PanelLinear`` does); traced, the
+members' identity is guarded, their tensors checked where the step's scope opened.
 """
 
 from __future__ import annotations
@@ -70,20 +73,33 @@ class Joint:
 
     def current(self, owner: nn.Module) -> bool:
         """Whether the members are still the owner's and still view the joint buffer."""
-        same = all(getattr(owner, n, None) is m for n, m in zip(self.names, self.members))
-        return same and all(
+        return self.mine(owner) and all(
             m._buffers.get(n) is t for m, views in zip(self.members, self.views) for n, t in zip(JOINED, views)
         )
 
+    def mine(self, owner: nn.Module) -> bool:
+        """Whether the members are still the owner's modules (not swapped for a wrapper)."""
+        return all(getattr(owner, n, None) is m for n, m in zip(self.names, self.members))
+
     def takes(self, owner: nn.Module, x: Tensor) -> bool:
-        """Whether this call runs jointly: the kernels' conditions, and (eager) an unchanged group
-        without hooks. A compiled step was traced inside a scope that ran ``join`` just before."""
-        if not self.members[0].runs(x):
+        """Whether this call runs jointly: the kernels' conditions, the same members and (eager) an
+        unchanged group without hooks. Traced, the members' identity becomes dynamo's guards; their
+        tensors are checked where the step's scope opened (``join``, just before)."""
+        if not self.members[0].runs(x) or not self.mine(owner):
             return False
         if torch.compiler.is_compiling():
             return True
         hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.members)
         return not hooked and self.current(owner)
+
+    def unshare(self) -> None:
+        """Give each member its own copy of what still views the joint buffer. A compile region
+        (models/regions.py) refuses inputs that alias one another, as the members' views do, so
+        before the members run on their own again in one (a dropped joint, training) they part."""
+        for m, views in zip(self.members, self.views):
+            for name, view in zip(JOINED, views):
+                if view is not None and m._buffers.get(name) is view:
+                    m._buffers[name] = view.clone()
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """x (..., K) -> each member's output (..., N_i)."""
@@ -116,6 +132,14 @@ class JointOwner:
     """Marks an owner's joint twin class (``twin_class``); ``joint`` is None until joined."""
 
     joint: Joint | None = None
+
+    def train(self, mode: bool = True):
+        """Training mode runs the members' own products (the reference ones): they part first
+        (``Joint.unshare``) and the owner goes back to them until ``join`` runs again."""
+        if mode and self.joint is not None:
+            self.joint.unshare()
+            self.joint = None
+        return super().train(mode)
 
 
 @functools.cache
@@ -156,7 +180,8 @@ def join(model: nn.Module) -> int:
             joined += 1
             continue
         if not joinable([getattr(module, n, None) for n in names]):
-            if isinstance(module, JointOwner):
+            if isinstance(module, JointOwner) and module.joint is not None:
+                module.joint.unshare()
                 module.joint = None
             continue
         module.__class__ = twin_class(base)
