@@ -238,3 +238,23 @@ def test_joining_after_a_quantizing_load_holds_no_more_memory(tmp_path):
     groups, joined_kib, grown_kib = (int(n) for n in done.stdout.split()[-3:])
     assert groups == 2 * 4 and joined_kib > 30 * 1024, (groups, joined_kib)
     assert grown_kib < 0.1 * joined_kib, (grown_kib, joined_kib)
+
+
+def test_a_prefills_parts_are_the_members_products_as_views():
+    """Past CONTIGUOUS_ROWS rows the parts are views of one output (no copies at a prefill's size):
+    the same values as the members' own products, and a model's logits within an ulp's rounding."""
+    from torchformer.fast.joint import CONTIGUOUS_ROWS
+
+    v = next(v for v in variants(("decoder",)) if v["mlp"] == "geglu" and v["heads"] == "mha")
+    model = tfm.quantize(build(v), "int8", group_size=None)
+    mlp = next(m for m in joints(model) if isinstance(m, GatedMLP))
+    x = torch.randn(CONTIGUOUS_ROWS + 5, model.config.d_model)
+    with torch.inference_mode():
+        gate, up = mlp.gate_up(x)
+        assert not gate.is_contiguous()
+        assert torch.equal(gate, mlp.gate(x)) and torch.equal(up, mlp.up(x))
+        ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(8))
+        joint = forward(model, ids)
+        with apart(model):
+            own = forward(model, ids)
+    torch.testing.assert_close(joint, own, rtol=1e-5, atol=1e-5)

@@ -12,7 +12,9 @@ The owner becomes its joint twin (its class swapped in place, as torch.nn.utils.
 does), whose ``project`` / ``gate_up`` runs one product over the joint buffer and splits it per
 member (each adds its own bias and casts: ``PanelLinear.finish``). Bit-equal to the members' own
 products: the kernel sums each output over its own panel whatever panels sit beside it, and x is
-rounded the same way once instead of two or three times.
+rounded the same way once instead of two or three times. Up to CONTIGUOUS_ROWS rows the model's
+output is bit-equal too; past them (a prefill) an fp32 model's parts stay strided views, which an
+elementwise kernel downstream may round by an ulp otherwise (GELU).
 
 A member whose tensors were replaced since (a load into it repacks, a dtype cast) no longer views
 the joint buffer; a member swapped for another module (an adapter's wrapper) is no longer the one
@@ -43,6 +45,7 @@ OWNERS = {Attention: ("project", ("q_proj", "k_proj", "v_proj")), GatedMLP: ("ga
 # The tensors a panel twin keeps one slab of per 16-row panel (dim 0): joined end to end.
 JOINED = ("panels", "scale", "super_scale", "minimum", "super_min")
 SAME = ("in_features", "group_size", "super_group", "bits")  # what the members must share
+CONTIGUOUS_ROWS = 64  # up to this many rows (decoding, short prompts) the split parts are copied contiguous
 
 
 class Joint:
@@ -105,10 +108,14 @@ class Joint:
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """x (..., K) -> each member's output (..., N_i)."""
         out = self.fused.product(rows_of(x))  # (rows, sum N_i) fp32
-        # Each part contiguous, as the member's own product is: a strided one can take another
-        # kernel downstream (GELU's scalar loop rounds otherwise than its vectorized one).
         parts = out.split(self.widths, dim=-1)
-        return tuple(m.finish(o.contiguous(), x) for m, o in zip(self.members, parts))
+        if out.shape[0] <= CONTIGUOUS_ROWS:
+            # Each part contiguous, as the member's own product is: a strided one can take another
+            # kernel downstream (GELU's scalar loop rounds otherwise than its vectorized one). A
+            # prefill's parts stay views: copies would add a whole output (the 1B shape's gate/up
+            # at 512 rows: 33.5 MB) to the peak, for an ulp of fp32 activations' GELU.
+            parts = [p.contiguous() for p in parts]
+        return tuple(m.finish(o, x) for m, o in zip(self.members, parts))
 
 
 def joinable(members: list[nn.Module]) -> bool:
