@@ -43,8 +43,13 @@ def cpp_host(model: nn.Module | None) -> bool:
     if model is None or any(getattr(m, "regions", False) for m in model.modules()):
         return False
     # Measured on CPUs only; an accelerator's step keeps the host code it has always had.
+    return on_cpu(model)
+
+
+def on_cpu(model: nn.Module) -> bool:
+    """Whether ``model``'s first tensor (parameter or buffer) is on the CPU (a model with none: True)."""
     tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return tensor is None or tensor.device.type == "cpu"
+    return tensor is None or tensor.is_cpu
 
 
 def compile_step(fn, cpp: bool):

@@ -18,7 +18,7 @@ from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
 from .joint import join
-from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, ops_ready
+from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, finished, ops_ready, rows_of
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
 # MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
@@ -81,7 +81,7 @@ class Bf16Linear(Linear):
                 return self.finish(out, x)
             if rows >= UNIT_ROWS:
                 return F.linear(x, w, self.bias)  # oneDNN's bf16 product
-        x2 = x.reshape(rows, -1).float().contiguous()  # (rows, K)
+        x2 = rows_of(x)  # (rows, K) fp32
         if rows < WIDEN_ROWS:
             out = torch.ops.torchformer.bf16_linear(x2, w.contiguous())  # (rows, N)
         else:
@@ -89,10 +89,7 @@ class Bf16Linear(Linear):
         return self.finish(out, x)
 
     def finish(self, out: Tensor, x: Tensor) -> Tensor:
-        """The fp32 product (rows, N) plus the bias, in x's dtype and leading shape (..., N)."""
-        if self.bias is not None:
-            out = out + self.bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return finished(out, x, self.bias, self.out_features)
 
     def grad_needed(self, x: Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)

@@ -67,6 +67,13 @@ def from_panels(panels: Tensor, n: int) -> Tensor:
     return panels.transpose(1, 2).reshape(-1, *panels.shape[1:2], *panels.shape[3:])[:n]
 
 
+def finished(out: Tensor, x: Tensor, bias: Tensor | None, n: int) -> Tensor:
+    """A kernel's fp32 product (rows, N) plus the bias, in x's dtype and leading shape (..., N)."""
+    if bias is not None:
+        out = out + bias
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
 def rows_of(x: Tensor) -> Tensor:
     """x (..., K) as the kernels take it: (rows, K) contiguous fp32."""
     return x.reshape(x.numel() // max(1, x.shape[-1]), -1).float().contiguous()
@@ -136,13 +143,10 @@ class PanelLinear(QuantLinear):
 
     def runs(self, x: Tensor) -> bool:
         """Whether the kernel takes x: inference on the CPU (module docstring)."""
-        return not (self.training or not x.is_cpu or torch.is_grad_enabled())
+        return not self.training and x.is_cpu and not torch.is_grad_enabled()
 
     def finish(self, out: Tensor, x: Tensor) -> Tensor:
-        """The kernel's fp32 product (rows, N) plus the bias, in x's dtype and leading shape (..., N)."""
-        if self.bias is not None:
-            out = out + self.bias
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return finished(out, x, self.bias, self.out_features)
 
     def product(self, x2: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError

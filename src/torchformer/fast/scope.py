@@ -10,7 +10,6 @@ the originals come back on exit.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import sys
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from torch import nn
 
 from . import attention
 from . import panels as copies
+from .compiled import on_cpu
 from .formats import prepare
 
 
@@ -37,12 +37,6 @@ def packed(model: nn.Module, rows: int = copies.MIN_ROWS) -> Iterator[None]:
         yield
     finally:
         copies.unpack(swaps)
-
-
-def on_cpu(model: nn.Module) -> bool:
-    """Whether ``model``'s first tensor (parameter or buffer) is on the CPU (a model with none: True)."""
-    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
-    return tensor is None or tensor.is_cpu
 
 
 def split(model: nn.Module) -> bool:
