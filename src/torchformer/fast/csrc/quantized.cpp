@@ -44,7 +44,7 @@
 // instead of 0.5 + 8/32. They run as llama.cpp runs its K-quant files (its Q8_K activations): x is
 // rounded per super-block instead of per block of B, each group's 16-bit pair sums are multiplied
 // by the group's sub-scale in the `vpmaddwd` that widens them to 32 bits anyway, and a super-block
-// converts to fp32 once (quantized_kernels.inc, panels_super), where a per-group scale costs a
+// converts to fp32 once (quantized_kernels.inc, panel_super), where a per-group scale costs a
 // conversion and two FMAs per group and row. Chosen at build time by the scale type (TwoLevel), no
 // branch per element.
 //
@@ -53,10 +53,11 @@
 // 127), the one approximation, as in llama.cpp. Integer sums are exact; each block's (super-block's)
 // sum is scaled in fp32.
 //
-// Streams and blocking as in kernels.cpp: up to MROWS rows of x (8, or 4 in the AVX2 build) take
-// all of K in one pass with their sums in registers; more rows go MROWS at a time over K blocks of
-// ~16 KB per panel, which the later row groups re-read from L1/L2; each panel stream is prefetched
-// 4 KB ahead.
+// Streams and blocking: up to MROWS rows of x (8, or 4 in the AVX2 build) take all of K in one pass
+// with their sums in registers; more rows go MROWS at a time over K blocks of ~16 KB per panel,
+// which the later row groups re-read from L1/L2. One row of int8 / int4 panels reads TASK_PANELS
+// panel streams at once, every other pass one panel after another; each stream is prefetched 8 KB
+// ahead.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -75,16 +76,22 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t LINE = 64;
-constexpr int64_t AHEAD = 4096;
+// Prefetch distance per panel stream, into L2: 8 KB kept the most lines in flight (1B shape's
+// matrices, 2 threads, AVX512-VNNI EPYC: against 1, 4, 12 and 16 KB, and L1 or L3 hints).
+constexpr int64_t AHEAD = 8192;
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
 // product went through the stack; there 4 rows a pass, the next 4 re-reading the K block from L1/L2.
 // TASK_PANELS: panels a thread takes at a time; one row of x goes over all of them in flight
-// (independent sums, one stream each) when each unit is one line (int8, int4: `rows`). Four in the
-// AVX-512 build (1B shape's int4 matrices, one row, 2 threads, AVX512-VNNI EPYC, two interleaved
-// runs: 24.0 -> 27.8 and 21.9 -> 25.3 GB/s, int8 29.5 -> 31.4, bit-equal); two in the AVX2 build, whose 16 registers
-// hold two panels' sums, group and total sums (of two registers each) and no more.
+// (independent sums, one stream each) when each unit is one line (int8, int4 with one-level scales:
+// `rows_for`). Four in the AVX-512 build (1B shape's int4 matrices, one row, 2 threads,
+// AVX512-VNNI EPYC, two interleaved runs: 24.0 -> 27.8 and 21.9 -> 25.3 GB/s, int8 29.5 -> 31.4,
+// bit-equal); two in the AVX2 build, whose 16 registers hold two panels' sums, group and total sums
+// (of two registers each) and no more. Every other pass reads one panel at a time, a thread's panels
+// one sequential stream: at two rows over int4 panels, 1.14x two panels in flight; the two-level
+// K-quant panels at one and two rows 1.17x and 1.35x four (Q4_K) and 1.0x and 1.14x (Q6_K) (same
+// matrices, medians of 30 alternations in one process and of 3-4 interleaved processes).
 #if defined(__AVX512F__)
 constexpr int MROWS = 8;
 constexpr int64_t TASK_PANELS = 4;
@@ -235,7 +242,7 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const bool half = scale.scalar_type() == at::kHalf;
   if (two) {
     TORCH_CHECK(SG > 0 && SG % G == 0 && K % SG == 0, name, ": super_group must be a multiple of the group dividing K");
-    // int16 group sums of x and int32 super-block sums (quantized_kernels.inc, panels_super)
+    // int16 group sums of x and int32 super-block sums (quantized_kernels.inc, panel_super)
     TORCH_CHECK(G <= 256 && SG <= 4096, name, ": two-level scales take groups of at most 256 inputs and ",
                 "super-blocks of at most 4096, got ", G, " and ", SG);
     check_part(scale, at::kChar, P, K, G, name, "scale (two-level sub-scales)");
@@ -253,7 +260,7 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
     TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
     if constexpr (F::MIN) check_part(minimum, at::kFloat, P, K, G, name, "minimum");
   }
-  // x's blocks: the super-block where scales are two-level (panels_super), else act_block
+  // x's blocks: the super-block where scales are two-level (panel_super), else act_block
   const int64_t B = two ? SG : act_block(K, G), GP = two ? (SG / G + 1) / 2 * 2 : 0;
   // The rounded x in one workspace (one allocation, not five: at one row of a small matrix each
   // costs about what the product does): per row, its scales, biases and sums (4 bytes each per
