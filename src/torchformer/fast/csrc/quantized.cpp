@@ -56,8 +56,8 @@
 // Streams and blocking: up to MROWS rows of x (8, or 4 in the AVX2 build) take all of K in one pass
 // with their sums in registers; more rows go MROWS at a time over K blocks of ~16 KB per panel,
 // which the later row groups re-read from L1/L2. One row of int8 / int4 panels reads TASK_PANELS
-// panel streams at once, every other pass one panel after another; each stream is prefetched 8 KB
-// ahead.
+// panel streams at once, every other pass one panel after another; each stream is prefetched
+// (`ahead`).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -76,9 +76,11 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t LINE = 64;
-// Prefetch distance per panel stream, into L2: 8 KB kept the most lines in flight (1B shape's
-// matrices, 2 threads, AVX512-VNNI EPYC: against 1, 4, 12 and 16 KB, and L1 or L3 hints).
-constexpr int64_t AHEAD = 8192;
+// Prefetch distance per panel stream, into L2: one stream (a thread reading one panel after another)
+// 8 KB, which kept the most lines in flight (1B shape's matrices, 2 threads, AVX512-VNNI EPYC:
+// against 1, 4, 12 and 16 KB, and L1 or L3 hints); several streams (TASK_PANELS) 4 KB each.
+template <int NP>
+constexpr int64_t ahead() { return NP == 1 ? 8192 : 4096; }
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot

@@ -1,0 +1,113 @@
+"""GB/s of the quantized kernels per panel type and row count, on the engines benchmark's 1B
+models (issues 25 and 29): our int4 g64 (from the bf16 folder), and llama.cpp's Q4_K_M and Q8_0
+files as loaded (Q4_K -> Int4MinPanels, Q6_K -> Int8Panels6, Q8_0 -> Int8Panels8). Per type: the
+bytes of its panels and scales over the time of all its projections' products at R rows, 2
+threads, best of --reps passes. Each round is a fresh process; with --against a second source tree
+(a checkout of another commit's src/, whose kernels build there once) the rounds alternate
+between the two, so a side-by-side reads the same minutes of the host's memory bandwidth (which
+moves by a third over minutes on the project's machines): medians and ranges over the rounds.
+
+    python -m benchmarks.panel_rates --rounds 4
+    git worktree add /tmp/head HEAD~1 && python -m benchmarks.panel_rates --against /tmp/head/src
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT = "PANEL-RATES "
+MODELS = ("int4", "Q4_K_M", "Q8_0")
+
+
+def measure(rows: list[int], reps: int) -> dict[str, float]:
+    """In the child: {"model/type/R<rows>": GB/s} over the loaded models' panel projections."""
+    import torch
+
+    import torchformer as tfm
+    from benchmarks import engines
+    from benchmarks.step_cpu import panel_bytes, projections
+
+    torch.set_num_threads(2)
+    out = {}
+    for name in MODELS:
+        if name == "int4":
+            folder = engines.hf_folder("1b", engines.CACHE)
+            model = tfm.load_any(str(folder), dtype=torch.bfloat16, quantize="int4", group_size=64)
+        else:
+            model = tfm.load_any(str(engines.gguf_file("1b", name, engines.CACHE)), dtype=torch.bfloat16)
+        by_type = collections.defaultdict(list)
+        for m in projections(model):
+            by_type[type(m).__name__].append(m)
+        for kind, mods in by_type.items():
+            size = panel_bytes(mods)
+            for r in rows:
+                xs = [torch.randn(r, m.in_features, dtype=torch.bfloat16) for m in mods]
+                with torch.no_grad():
+                    for m, x in zip(mods, xs):
+                        m(x)  # warm
+                    best = float("inf")
+                    for _ in range(reps):
+                        t0 = time.perf_counter()
+                        for m, x in zip(mods, xs):
+                            m(x)
+                        best = min(best, time.perf_counter() - t0)
+                out[f"{name}/{kind}/R{r}"] = size / best / 1e9
+        del model
+    return out
+
+
+def child(src: Path, rows: list[int], reps: int) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parents[1])])}
+    args = [sys.executable, "-m", "benchmarks.panel_rates", "--child", json.dumps([rows, reps])]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :])
+    raise RuntimeError(f"panel_rates child ({src}) failed: {proc.stderr[-2000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,2,4,8")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--against", type=Path, help="another source tree (its src/) to alternate with")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        rows, reps = json.loads(args.child)
+        print(RESULT + json.dumps(measure(rows, reps)), flush=True)
+        return 0
+    rows = [int(r) for r in args.rows.split(",")]
+    trees = {"this": Path(__file__).parents[1] / "src"}
+    if args.against:
+        trees["against"] = args.against.resolve()
+    got: dict[str, dict[str, list[float]]] = {label: collections.defaultdict(list) for label in trees}
+    for r in range(args.rounds):
+        for label, src in trees.items() if r % 2 == 0 else reversed(trees.items()):
+            for key, value in child(src, rows, args.reps).items():
+                got[label][key].append(value)
+    cell = lambda v: f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"  # noqa: E731
+    head = "| model / panel type / rows | this tree, GB/s median (range) |"
+    print(head + (" against | this / against, median |" if args.against else ""))
+    print("|---|---:|" + ("---:|---:|" if args.against else ""))
+    for key, values in got["this"].items():
+        line = f"| {key} | {cell(values)} |"
+        if args.against:
+            other = got["against"][key]
+            line += f" {cell(other)} | {statistics.median(values) / statistics.median(other):.2f}x |"
+        print(line)
+    print(f"\n{args.rounds} rounds, each a fresh process per tree (alternating), best of {args.reps} passes each")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
