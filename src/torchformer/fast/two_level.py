@@ -8,7 +8,7 @@ Q6_K an int8 sc per 16 inputs under an f16 d per 256 (scale d * sc), Q4_K a 6-bi
 under f16 d and dmin (scale d * sc, minimum dmin * m). The portable modules hold the products in
 fp32 (exact: 11 + 8 significant bits), 4 bytes a group; the panels can hold the two parts instead,
 1 byte a group plus 2 per super-block: Q6_K reads 8.56 bits a weight instead of 10, Q4_K 4.63
-instead of 6. The kernel (csrc/quantized.cpp, ``TwoLevel``; quantized_kernels.inc ``panels_super``)
+instead of 6. The kernel (csrc/quantized.cpp, ``TwoLevel``; quantized_kernels.inc ``panel_super``)
 runs them as llama.cpp runs its K-quant files: x rounded per super-block, each group's integer sums
 times its int8 sub-scale in int32, one fp32 multiply by the super-scales per super-block (so its
 products differ from the fp32-scales panels', which round x per group, by that rounding). The loader
