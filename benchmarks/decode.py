@@ -122,18 +122,29 @@ def time_hf(model, ids: torch.Tensor, n: int) -> tuple[float, float, float]:
     return first - t0, (n - 1) * ids.shape[0] / (end - first), float("nan")
 
 
-def streaming_bound(n_bytes: int, passes: int = 10) -> float:
-    """GB/s of a compiled (inductor, vectorised) row sum over an fp32 buffer of n_bytes: rows of
-    512 like the model's weight rows, so both cores share the work as they do in a decode step."""
+def streaming_reader(n_bytes: int):
+    """A measure of this machine's plain read, compiled once: a function of ``passes`` giving the
+    GB/s of a compiled (inductor, vectorised) row sum over an fp32 buffer of n_bytes, best of the
+    passes; rows of 512 like the model's weight rows, so both cores share the work as they do in a
+    decode step. Call it again to read the bound at another moment (benchmarks/gguf_decode.py)."""
     buffer = torch.randn(n_bytes // 4 // 512, 512)
     total = torch.compile(lambda t: t.sum(-1), dynamic=False)
     total(buffer)
-    best = float("inf")
-    for _ in range(passes):
-        t = time.perf_counter()
-        total(buffer)
-        best = min(best, time.perf_counter() - t)
-    return n_bytes / best / 1e9
+
+    def measure(passes: int = 10) -> float:
+        best = float("inf")
+        for _ in range(passes):
+            t = time.perf_counter()
+            total(buffer)
+            best = min(best, time.perf_counter() - t)
+        return n_bytes / best / 1e9
+
+    return measure
+
+
+def streaming_bound(n_bytes: int, passes: int = 10) -> float:
+    """GB/s of the plain read over n_bytes (``streaming_reader``), measured once."""
+    return streaming_reader(n_bytes)(passes)
 
 
 def streamed_bytes(model) -> int:

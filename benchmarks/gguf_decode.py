@@ -4,7 +4,11 @@ minutes apart, and this machine's memory bandwidth moves by a third over minutes
 ratios between two torchformer rows spread by +-20%. Here the models (compiled, 2 threads) are
 loaded side by side and their generates alternate, the order reversed every round: each ratio
 pairs two calls seconds apart. Per model: median and best tokens/s after the first token (a
-64-token prompt, 48 new, greedy), and each file's per-round ratio to the own format.
+64-token prompt, 48 new, greedy), each file's per-round ratio to the own format, and the GB/s its
+weights are read at (bytes a step x steps/s) as a fraction of the machine's plain read
+(benchmarks.decode.streaming_reader over the largest model's bytes) measured in the same round:
+where the own format already reads at the plain read, a file with more bytes a step cannot beat
+the byte ratio.
 
     python -m benchmarks.gguf_decode --shape 1b --rounds 10
 """
@@ -15,6 +19,7 @@ import argparse
 import statistics
 
 from benchmarks import engines
+from benchmarks.decode import streaming_reader
 
 OWN = {"4-bit": ("int4", ["Q4_0", "Q4_K_M"]), "8-bit": ("int8", ["Q8_0"])}
 
@@ -41,13 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     for engine in models.values():  # compile, fault the weights in
         engine.generate(ids, 48)
         engine.generate(ids, 48)
+    size = {label: engines.torch_streamed_bytes(engine.model) for label, engine in models.items()}
+    plain = streaming_reader(max(size.values()))
     tok_s: dict[str, list[float]] = {label: [] for label in models}
+    reads: dict[str, list[float]] = {label: [] for label in models}  # fraction of the round's plain read
     for r in range(args.rounds):
+        bound = plain(3)
         for label in list(models) if r % 2 == 0 else list(models)[::-1]:
             tok_s[label].append(models[label].generate(ids, 48)[1])
+            reads[label].append(tok_s[label][-1] * size[label] / 1e9 / bound)
     own = next(iter(models))
-    print("| model | decode tok/s, median | best | vs own, per-round median (range) | best / own's best |")
-    print("|---|---:|---:|---|---:|")
+    print(
+        "| model | MB a step | decode tok/s, median | best | vs own, per-round median (range) | best / own's best "
+        "| of the plain read, median (best) |"
+    )
+    print("|---|---:|---:|---:|---|---:|---:|")
     for label, values in tok_s.items():
         if label == own:
             vs, best = "-", "-"
@@ -55,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
             per = [a / b for a, b in zip(values, tok_s[own])]
             vs = f"{statistics.median(per):.3f}x ({min(per):.2f}-{max(per):.2f})"
             best = f"{max(values) / max(tok_s[own]):.3f}x"
-        print(f"| {label} | {statistics.median(values):.1f} | {max(values):.1f} | {vs} | {best} |")
+        share = f"{statistics.median(reads[label]):.0%} ({max(reads[label]):.0%})"
+        mb, median, top = size[label] / 1e6, statistics.median(values), max(values)
+        print(f"| {label} | {mb:.0f} | {median:.1f} | {top:.1f} | {vs} | {best} | {share} |")
     print(f"\n{args.shape} shape, batch 1, 2 threads, compiled; {args.rounds} alternating rounds in one process")
     return 0
 

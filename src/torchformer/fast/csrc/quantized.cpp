@@ -91,9 +91,10 @@ constexpr int64_t BLOCK_BYTES = 16384;
 // AVX512-VNNI EPYC, two interleaved runs: 24.0 -> 27.8 and 21.9 -> 25.3 GB/s, int8 29.5 -> 31.4,
 // bit-equal); two in the AVX2 build, whose 16 registers hold two panels' sums, group and total sums
 // (of two registers each) and no more. Every other pass reads one panel at a time, a thread's panels
-// one sequential stream: at two rows over int4 panels, 1.14x two panels in flight; the two-level
-// K-quant panels at one and two rows 1.17x and 1.35x four (Q4_K) and 1.0x and 1.14x (Q6_K) (same
-// matrices, medians of 30 alternations in one process and of 3-4 interleaved processes).
+// one sequential stream: over the same models' panels against the passes with two or four panels in
+// flight (benchmarks/panel_rates.py, two runs of 4 alternating processes, medians), Q4_K 1.02-1.22x
+// at one row and 1.15-1.28x at two, Q6_K 1.14-1.16x and 1.18-1.22x, int4 at two rows 1.07-1.14x
+// (1.14x in one process, 30 alternations); one row of int4 / int8 one panel at a time 0.97x / 0.94x.
 #if defined(__AVX512F__)
 constexpr int MROWS = 8;
 constexpr int64_t TASK_PANELS = 4;
