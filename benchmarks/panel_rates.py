@@ -2,7 +2,8 @@
 models (issues 25 and 29): our int4 g64 (from the bf16 folder), and llama.cpp's Q4_K_M and Q8_0
 files as loaded (Q4_K -> Int4MinPanels, Q6_K -> Int8Panels6, Q8_0 -> Int8Panels8). Per type: the
 bytes of its panels and scales over the time of all its projections' products at R rows, 2
-threads, best of --reps passes. Each round is a fresh process; with --against a second source tree
+threads, best of --reps passes, and its share of the machine's plain read measured just before (so
+rows of different moments compare). Each round is a fresh process; with --against a second source tree
 (a checkout of another commit's src/, whose kernels build there once) the rounds alternate
 between the two, so a side-by-side reads the same minutes of the host's memory bandwidth (which
 moves by a third over minutes on the project's machines): medians and ranges over the rounds.
@@ -24,18 +25,22 @@ import time
 from pathlib import Path
 
 RESULT = "PANEL-RATES "
+PLAIN_BYTES = 800_000_000  # the plain read's buffer: about a 4-bit 1B model's step
 MODELS = ("int4", "Q4_K_M", "Q8_0")
 
 
-def measure(rows: list[int], reps: int) -> dict[str, float]:
-    """In the child: {"model/type/R<rows>": GB/s} over the loaded models' panel projections."""
+def measure(rows: list[int], reps: int) -> dict[str, list[float]]:
+    """In the child: {"model/type/R<rows>": [GB/s, the plain read's GB/s just before]} over the
+    loaded models' panel projections."""
     import torch
 
     import torchformer as tfm
     from benchmarks import engines
+    from benchmarks.decode import streaming_reader
     from benchmarks.step_cpu import panel_bytes, projections
 
     torch.set_num_threads(2)
+    plain = streaming_reader(PLAIN_BYTES)
     out = {}
     for name in MODELS:
         if name == "int4":
@@ -53,13 +58,14 @@ def measure(rows: list[int], reps: int) -> dict[str, float]:
                 with torch.no_grad():
                     for m, x in zip(mods, xs):
                         m(x)  # warm
+                    bound = plain(3)
                     best = float("inf")
                     for _ in range(reps):
                         t0 = time.perf_counter()
                         for m, x in zip(mods, xs):
                             m(x)
                         best = min(best, time.perf_counter() - t0)
-                out[f"{name}/{kind}/R{r}"] = size / best / 1e9
+                out[f"{name}/{kind}/R{r}"] = [size / best / 1e9, bound]
         del model
     return out
 
@@ -91,21 +97,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         trees["against"] = args.against.resolve()
     got: dict[str, dict[str, list[float]]] = {label: collections.defaultdict(list) for label in trees}
+    share: dict[str, list[float]] = collections.defaultdict(list)  # this tree's GB/s / the plain read's
     for r in range(args.rounds):
         for label, src in trees.items() if r % 2 == 0 else reversed(trees.items()):
-            for key, value in child(src, rows, args.reps).items():
+            for key, (value, bound) in child(src, rows, args.reps).items():
                 got[label][key].append(value)
+                if label == "this":
+                    share[key].append(value / bound)
     cell = lambda v: f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"  # noqa: E731
-    head = "| model / panel type / rows | this tree, GB/s median (range) |"
+    head = "| model / panel type / rows | this tree, GB/s median (range) | of the plain read, median (range) |"
     print(head + (" against | this / against, median |" if args.against else ""))
-    print("|---|---:|" + ("---:|---:|" if args.against else ""))
+    print("|---|---:|---:|" + ("---:|---:|" if args.against else ""))
     for key, values in got["this"].items():
-        line = f"| {key} | {cell(values)} |"
+        fraction = f"{statistics.median(share[key]):.0%} ({min(share[key]):.0%}-{max(share[key]):.0%})"
+        line = f"| {key} | {cell(values)} | {fraction} |"
         if args.against:
             other = got["against"][key]
             line += f" {cell(other)} | {statistics.median(values) / statistics.median(other):.2f}x |"
         print(line)
-    print(f"\n{args.rounds} rounds, each a fresh process per tree (alternating), best of {args.reps} passes each")
+    print(
+        f"\n{args.rounds} rounds, each a fresh process per tree (alternating), best of {args.reps} passes each; "
+        f"the plain read (benchmarks.decode.streaming_reader over {PLAIN_BYTES / 1e6:.0f} MB, best of 3) "
+        "measured in the child just before each row's passes"
+    )
     return 0
 
 
