@@ -13,7 +13,8 @@ only the training entry points call it (``train.keep_host_memory``, default on) 
 train-step benchmark (for every system alike), never a model's forward.
 
 ``available_bytes`` is the other question about host memory: how much this process may still
-take (``torchformer serve`` sizes its KV cache by it).
+take (``torchformer serve`` sizes its KV cache by it). ``huge_page_memory`` is the third: memory a
+decode step streams, in 2 MiB pages.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import mmap
+import os
 import sys
 
 # mallopt(3) parameter numbers, from glibc's malloc.h.
@@ -176,3 +179,41 @@ def _in_file_mapping(start: int, end: int) -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+# --- memory a decode step streams, in transparent huge pages ----------------------------------------
+# A batch-1 decode step reads every weight once, front to back. In 4 KiB pages that is a TLB miss
+# every 4 KiB; in 2 MiB pages one every 2 MiB. Measured on this project's AVX-512 EPYC (2 threads, a
+# compiled row sum over 800 MB, 10 interleaved rounds): 30.7 GB/s in 4 KiB pages, 35.5 GB/s in huge
+# pages (1.16x); the Llama-3.2-1B shape in int4 g64 decoded 1.05x faster (per-round median, 8
+# rounds in one process) with 498 of its 695 MB of panels moved into huge pages. The machines'
+# transparent huge pages are "madvise": memory gets them only where asked, before first touch.
+MADV_HUGEPAGE = 14  # madvise(2), Linux
+HUGE_PAGE = 2 << 20
+
+
+def huge_pages_wanted() -> bool:
+    """Whether to back streamed weights with huge pages: Linux, and ``TORCHFORMER_HUGE_PAGES`` not
+    0 (read at each allocation: a switch for measurements and a way out)."""
+    return sys.platform.startswith("linux") and os.environ.get("TORCHFORMER_HUGE_PAGES", "1").strip() != "0"
+
+
+def huge_page_memory(nbytes: int) -> tuple[mmap.mmap, int] | None:
+    """Fresh zero-filled anonymous memory for ``nbytes`` starting at a HUGE_PAGE boundary: (the
+    mapping, the offset of that boundary in it), its whole huge pages advised as transparent huge
+    pages (``MADV_HUGEPAGE``) before anything touches them, so the kernel backs them with 2 MiB
+    pages as they are first written; a tail of less than a huge page keeps 4 KiB pages (no page is
+    rounded up past the data, nothing resident is wasted). None where that cannot be had: fewer
+    than HUGE_PAGE bytes, ``huge_pages_wanted`` false, or a failed mapping."""
+    if nbytes < HUGE_PAGE or not huge_pages_wanted():
+        return None
+    try:
+        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        madvise = libc().madvise
+    except (OSError, ValueError, AttributeError):
+        return None
+    offset = -start % HUGE_PAGE
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise(start + offset, nbytes // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE)  # advice: a refusal costs nothing
+    return mapping, offset

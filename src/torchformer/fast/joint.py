@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from ..host_memory import trim
 from ..nn.attention import Attention
 from ..nn.mlp import GatedMLP
-from .panels import LANES
+from .panels import LANES, stream_zeros
 from .quant_panels import PanelLinear, rows_of
 
 # owner class -> (the method its twin runs jointly, its members' attribute names)
@@ -66,7 +66,11 @@ class Joint:
         fused._buffers["bias"] = None  # each member adds its own (finish)
         for name in JOINED:
             parts = [m._buffers.get(name) for m in self.members]
-            fused._buffers[name] = None if parts[0] is None else torch.cat(parts)  # (P_total, ...)
+            if parts[0] is not None:  # (P_total, ...), in huge pages where it spans one
+                whole = stream_zeros((sum(t.shape[0] for t in parts), *parts[0].shape[1:]), parts[0].dtype)
+                fused._buffers[name] = torch.cat(parts, out=whole)
+            else:
+                fused._buffers[name] = None
             start = 0
             for m, part in zip(self.members, parts):
                 if part is not None:

@@ -35,10 +35,12 @@ copy (an opaque mkldnn tensor a graph cannot take) is left out: those products a
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from torch import Tensor, nn
 
+from ..host_memory import huge_page_memory
 from ..nn.linear import Linear
 from .native import kernels
 
@@ -54,6 +56,28 @@ def panels(rows: Tensor) -> Tensor:
     padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
     padded[:N] = rows
     return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
+
+
+def stream_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """torch.zeros for a buffer the kernels read whole every decode step (the quantized panels and
+    their scales): in transparent huge pages where it spans one (``host_memory.huge_page_memory``:
+    1.16x the plain read of 4 KiB pages here), else torch's own memory."""
+    got = huge_page_memory(math.prod(shape) * dtype.itemsize)
+    return torch.zeros(shape, dtype=dtype) if got is None else in_mapping(got, shape, dtype)
+
+
+def streamed(t: Tensor) -> Tensor:
+    """``t`` moved into huge pages where it spans one (a buffer made elsewhere: compacted or
+    two-level scales), else ``t`` itself."""
+    got = huge_page_memory(t.numel() * t.element_size())
+    return t if got is None else in_mapping(got, tuple(t.shape), t.dtype).copy_(t)
+
+
+def in_mapping(got, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """A tensor over ``huge_page_memory``'s (mapping, offset), which it keeps alive: freed with it."""
+    mapping, offset = got
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
 
 
 def version(weight: Tensor) -> int:

@@ -42,7 +42,7 @@ from ..nn.quant_min import Int4MinLinear
 from . import low_bits as low
 from . import two_level
 from .native import kernels
-from .panels import LANES, panels
+from .panels import LANES, panels, stream_zeros, streamed
 
 
 @functools.cache
@@ -72,6 +72,12 @@ def finished(out: Tensor, x: Tensor, bias: Tensor | None, n: int) -> Tensor:
     if bias is not None:
         out = out + bias
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def fp32(t: Tensor) -> Tensor:
+    """A scale buffer in fp32 to be written: ``t`` itself where it is (its memory as allocated),
+    else an fp32 copy in the kernels' streamed memory (a refill of compacted scales)."""
+    return t if t.dtype == torch.float32 else streamed(t.float())
 
 
 def rows_of(x: Tensor) -> Tensor:
@@ -175,7 +181,7 @@ class PanelLinear(QuantLinear):
     def fill(self, source: QuantLinear) -> None:
         """Every row and the bias from ``source`` (allocated already), block by block."""
         self._init_bias(source.bias)
-        self.scale, self.super_scale, self.super_group = self.scale.float(), None, 0  # fp32, compacted again
+        self.scale, self.super_scale, self.super_group = fp32(self.scale), None, 0  # compacted again
         for rows in row_blocks(self.out_features, self.in_features, LANES):
             self.write(rows, *source.values(rows))
         self.compact_scales(source)
@@ -189,14 +195,14 @@ class PanelLinear(QuantLinear):
         are fp32 values and stay fp32."""
         parts = two_level.fits(getattr(source, "scale_parts", None), self.scale, self.group_size or self.in_features)
         if parts is not None and self.two_level_ok(source):
-            self.scale, self.super_scale = parts
+            self.scale, self.super_scale = (streamed(t) for t in parts)
             self.super_group = source.scale_parts.size
             return
         if not self.half_scales:
             return
         half = self.scale.half()
         if torch.equal(half.float(), self.scale):
-            self.scale = half
+            self.scale = streamed(half)
 
     def two_level_ok(self, source: QuantLinear) -> bool:
         """Whether the rest of the format takes two-level scales too (Int4MinPanels: its minimums)."""
@@ -224,15 +230,15 @@ class Int8Panels(PanelLinear, Int8Linear):
 
     def allocate(self, group_size: int | None) -> None:
         P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
-        self.register_buffer("panels", torch.zeros(P, K // 4, LANES, 4, dtype=torch.uint8), persistent=False)
-        self.register_buffer("scale", torch.zeros(P, K // (group_size or K), LANES), persistent=False)
+        self.register_buffer("panels", stream_zeros((P, K // 4, LANES, 4), torch.uint8), persistent=False)
+        self.register_buffer("scale", stream_zeros((P, K // (group_size or K), LANES), torch.float32), persistent=False)
 
     def fill(self, source: QuantLinear) -> None:
         bits = low.low_bits(source.values(slice(None))[0], self.in_features, self.group_size or self.in_features)
         if bits != self.bits:  # (P, K / 4, 16, 4), or (P, K / KL * lines, 16, 4) (low_lines)
             self.bits, P, K = bits, self.panels.shape[0], self.in_features
             lines = K // 4 if bits == 8 else K // low.LOW_INPUTS[bits] * (low.LOW_INPUTS[bits] // 8 + 1)
-            self.panels = torch.zeros(P, lines, LANES, 4, dtype=torch.uint8)
+            self.panels = stream_zeros((P, lines, LANES, 4), torch.uint8)
         super().fill(source)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
@@ -270,8 +276,8 @@ class Int4Panels(PanelLinear, Int4Linear):
 
     def allocate(self, group_size: int | None) -> None:
         P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
-        self.register_buffer("panels", torch.zeros(P, K // 8, LANES, 4, dtype=torch.uint8), persistent=False)
-        self.register_buffer("scale", torch.zeros(P, K // group_size, LANES), persistent=False)
+        self.register_buffer("panels", stream_zeros((P, K // 8, LANES, 4), torch.uint8), persistent=False)
+        self.register_buffer("scale", stream_zeros((P, K // group_size, LANES), torch.float32), persistent=False)
 
     def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
         p = rows.start // LANES
@@ -304,11 +310,11 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
 
     def allocate(self, group_size: int | None) -> None:
         super().allocate(group_size)
-        self.register_buffer("minimum", torch.zeros_like(self.scale), persistent=False)
+        self.register_buffer("minimum", stream_zeros(tuple(self.scale.shape), self.scale.dtype), persistent=False)
         self.register_buffer("super_min", None, persistent=False)  # (P, K/SG, 16) f16: two-level only
 
     def fill(self, source: QuantLinear) -> None:
-        self.minimum, self.super_min = self.minimum.float(), None  # written in fp32 (compact_scales)
+        self.minimum, self.super_min = fp32(self.minimum), None  # written in fp32 (compact_scales)
         super().fill(source)
 
     def two_level_ok(self, source: QuantLinear) -> bool:
@@ -318,7 +324,7 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
         found = two_level.fits(parts, self.minimum, self.group_size)
         if found is None or parts.size != source.scale_parts.size:
             return False
-        self.minimum, self.super_min = found
+        self.minimum, self.super_min = (streamed(t) for t in found)
         return True
 
     def full_minimums(self) -> Tensor:

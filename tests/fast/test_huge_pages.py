@@ -1,0 +1,67 @@
+"""The kernels' streamed buffers (fast/panels.py ``stream_zeros``, host_memory.huge_page_memory):
+from 2 MiB up they start at a huge-page boundary in memory advised as transparent huge pages, and
+the kernel backs them so once written (read back from /proc/self/smaps); a panel twin built there
+multiplies bit for bit as one built in torch's memory (``TORCHFORMER_HUGE_PAGES=0``); smaller
+buffers and the switch turned off take torch's own memory."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchformer.fast import formats
+from torchformer.fast.panels import stream_zeros, streamed
+from torchformer.fast.quant_panels import Int4Panels, Int8Panels
+from torchformer.host_memory import HUGE_PAGE
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+thp_on = sys.platform.startswith("linux") and THP.exists() and "[never]" not in THP.read_text()
+
+
+def huge_kib(address: int) -> int:
+    """AnonHugePages (KiB) of the mapping of this process that holds ``address``."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            low, high = (int(x, 16) for x in head.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.skipif(not thp_on, reason="needs Linux with transparent huge pages (madvise or always)")
+def test_a_large_buffer_starts_at_a_huge_page_and_is_backed_by_them_once_written():
+    t = stream_zeros((3 * HUGE_PAGE // 64 + 5, 16, 4), torch.uint8)  # three huge pages and a tail
+    assert t.shape == (3 * HUGE_PAGE // 64 + 5, 16, 4) and t.dtype == torch.uint8
+    assert t.data_ptr() % HUGE_PAGE == 0 and not t.any()
+    t.fill_(7)
+    assert huge_kib(t.data_ptr()) >= 3 * HUGE_PAGE // 1024  # the whole pages, not the tail's
+    floats = streamed(torch.arange(HUGE_PAGE // 2, dtype=torch.float32))  # a copy in a mapping
+    assert floats.data_ptr() % HUGE_PAGE == 0 and torch.equal(floats, torch.arange(HUGE_PAGE // 2).float())
+
+
+def test_small_buffers_and_the_switch_turned_off_take_torchs_memory(monkeypatch):
+    small = torch.ones(16)
+    assert streamed(small) is small
+    monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
+    big = torch.ones(HUGE_PAGE)
+    assert streamed(big) is big
+
+
+@pytest.mark.skipif(not formats.ops_ready(), reason="the CPU kernels are not built here")
+@pytest.mark.parametrize("twin,group", [(Int4Panels, 64), (Int8Panels, None)])
+def test_a_twin_in_huge_pages_multiplies_as_one_in_torchs_memory(monkeypatch, twin, group):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4096, 1040, bias=True)  # panels of 2-4 MiB, a last panel of 16 rows
+    x = torch.randn(3, 4096)
+    fast = twin.from_linear(lin, group)
+    monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
+    plain = twin.from_linear(lin, group)
+    if thp_on:
+        assert fast.panels.data_ptr() % HUGE_PAGE == 0
+    with torch.no_grad():
+        assert torch.equal(fast(x), plain(x))
+    assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), plain.state_dict().values()))
