@@ -141,6 +141,12 @@ def release_mapped(tensor) -> int:
     return release_mapped_range(start, end)
 
 
+def in_file_mapping(tensor) -> bool:
+    """Whether ``tensor``'s bytes lie in a mapping of a file (a weight a loader memory-mapped)."""
+    start = tensor.data_ptr()
+    return sys.platform.startswith("linux") and _in_file_mapping(start, start + tensor.numel() * tensor.element_size())
+
+
 def release_mapped_range(start: int, end: int) -> int:
     """release_mapped for the bytes [start, end) of this process's memory (a numpy view of a mapped
     file: the GGUF reader's tensors); the same conditions."""

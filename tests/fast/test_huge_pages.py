@@ -65,3 +65,33 @@ def test_a_twin_in_huge_pages_multiplies_as_one_in_torchs_memory(monkeypatch, tw
     with torch.no_grad():
         assert torch.equal(fast(x), plain(x))
     assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), plain.state_dict().values()))
+
+
+def test_a_loaded_bf16_weight_moves_into_huge_pages_once_prepared(tmp_path, monkeypatch):
+    """A bf16 checkpoint's weights are memory-mapped by the loader; ``prepare`` (every generation
+    scope runs it) copies each mapped weight of 2 MiB or more into huge pages, the same Parameter
+    (the tied table's embedding reads the copy too) with the same values, and decoding gives the
+    tokens of the same checkpoint loaded with the switch off."""
+    import torchformer as tfm
+    from torchformer.host_memory import in_file_mapping
+
+    torch.manual_seed(0)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=4096, d_model=512, n_layers=1, max_seq_len=64, tie_embeddings=True)
+    model = tfm.build_model(cfg).bfloat16().eval()
+    tfm.save(model, tmp_path / "ckpt")
+    loaded = tfm.load(tmp_path / "ckpt")
+    table = loaded.lm_head.weight  # tied: (4096, 512) bf16, 4 MiB
+    assert table is loaded.embed.tok.weight and table.dtype == torch.bfloat16
+    if not in_file_mapping(table):
+        pytest.skip("this loader did not memory-map the checkpoint")
+    formats.prepare(loaded)
+    assert loaded.lm_head.weight is table and loaded.embed.tok.weight is table
+    assert not in_file_mapping(table) and torch.equal(table, model.lm_head.weight)
+    if thp_on:
+        assert table.data_ptr() % HUGE_PAGE == 0
+    monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
+    plain = tfm.load(tmp_path / "ckpt")
+    formats.prepare(plain)
+    assert in_file_mapping(plain.lm_head.weight)  # left where the loader mapped it
+    ids = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(tfm.generate(loaded, ids, max_new_tokens=6), tfm.generate(plain, ids, max_new_tokens=6))

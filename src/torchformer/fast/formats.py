@@ -13,11 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..host_memory import in_file_mapping
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
 from .joint import join
+from .panels import huge_zeros
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, finished, ops_ready, rows_of
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -43,6 +45,7 @@ UNIT_ROWS = 5
 # against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
 DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
 DOT_ROWS = 16
+STREAM_CHUNK = 32 << 20  # bytes of a mapped bf16 weight copied into huge pages at a time (stream_weight)
 
 
 def widened_product(x2: Tensor, w: Tensor) -> Tensor:
@@ -91,6 +94,28 @@ class Bf16Linear(Linear):
     def finish(self, out: Tensor, x: Tensor) -> Tensor:
         return finished(out, x, self.bias, self.out_features)
 
+    def stream_weight(self) -> bool:
+        """Move the weight, where it lies in a file's mapping (a loader's safetensors), into huge
+        pages (fast/panels.py ``huge_zeros``: a batch-1 step reads it whole, and the plain read of
+        huge pages is 1.16x that of the mapping's 4 KiB pages here), STREAM_CHUNK bytes at a time,
+        each chunk's mapped pages given back once copied: the process holds one copy, and at most a
+        chunk twice (the 1B shape's tied table whole: +440 MiB of peak). The same Parameter, its
+        values unchanged (a tied table's embedding reads the copy too). Returns whether it moved."""
+        w = self.weight
+        if w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous() or not in_file_mapping(w):
+            return False
+        old = w.data
+        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, even inside a decode loop
+            new = huge_zeros(tuple(old.shape), old.dtype)
+            if new is None:
+                return False
+            step = max(1, STREAM_CHUNK // max(1, old[0].numel() * old.element_size()))  # rows a chunk
+            for start in range(0, old.shape[0], step):
+                new[start : start + step].copy_(old[start : start + step])
+                release_mapped_pages(old[start : start + step])
+            w.data = new
+        return True
+
     def grad_needed(self, x: Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
 
@@ -134,6 +159,8 @@ def prepared(module: nn.Module, release_mapped: bool = False) -> nn.Module:
     out = twin.of(module)
     if release_mapped and isinstance(out, PanelLinear):
         release_mapped_pages(module.qweight)
+    if isinstance(out, Bf16Linear):
+        out.stream_weight()
     return out
 
 

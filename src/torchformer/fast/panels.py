@@ -60,23 +60,28 @@ def panels(rows: Tensor) -> Tensor:
 
 def stream_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """torch.zeros for a buffer the kernels read whole every decode step (the quantized panels and
-    their scales): in transparent huge pages where it spans one (``host_memory.huge_page_memory``:
-    1.16x the plain read of 4 KiB pages here), else torch's own memory."""
-    got = huge_page_memory(math.prod(shape) * dtype.itemsize)
-    return torch.zeros(shape, dtype=dtype) if got is None else in_mapping(got, shape, dtype)
+    their scales): in transparent huge pages where it spans one (``huge_zeros``), else torch's own
+    memory."""
+    out = huge_zeros(shape, dtype)
+    return torch.zeros(shape, dtype=dtype) if out is None else out
 
 
 def streamed(t: Tensor) -> Tensor:
-    """``t`` moved into huge pages where it spans one (a buffer made elsewhere: compacted or
+    """``t`` copied into huge pages where it spans one (a buffer made elsewhere: compacted or
     two-level scales), else ``t`` itself."""
-    got = huge_page_memory(t.numel() * t.element_size())
-    return t if got is None else in_mapping(got, tuple(t.shape), t.dtype).copy_(t)
+    out = huge_zeros(tuple(t.shape), t.dtype)
+    return t if out is None else out.copy_(t)
 
 
-def in_mapping(got, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """A tensor over ``huge_page_memory``'s (mapping, offset), which it keeps alive: freed with it."""
-    mapping, offset = got
+def huge_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor | None:
+    """Zeros over ``host_memory.huge_page_memory`` (a batch-1 step's plain read of them is 1.16x that
+    of 4 KiB pages here), the tensor keeping its mapping alive; None where there are none to have
+    (less than a huge page, not Linux, ``TORCHFORMER_HUGE_PAGES=0``)."""
     nbytes = math.prod(shape) * dtype.itemsize
+    got = huge_page_memory(nbytes)
+    if got is None:
+        return None
+    mapping, offset = got
     return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
 
 
