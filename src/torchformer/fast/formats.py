@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..host_memory import in_file_mapping
+from ..host_memory import HUGE_PAGE, in_file_mapping
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
@@ -102,7 +102,8 @@ class Bf16Linear(Linear):
         chunk twice (the 1B shape's tied table whole: +440 MiB of peak). The same Parameter, its
         values unchanged (a tied table's embedding reads the copy too). Returns whether it moved."""
         w = self.weight
-        if w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous() or not in_file_mapping(w):
+        small = w.numel() * w.element_size() < HUGE_PAGE  # stays in the mapping: no whole huge page
+        if small or w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous() or not in_file_mapping(w):
             return False
         old = w.data
         with torch.inference_mode(False), torch.no_grad():  # a normal tensor, even inside a decode loop
