@@ -141,10 +141,28 @@ def release_mapped(tensor) -> int:
     return release_mapped_range(start, end)
 
 
-def in_file_mapping(tensor) -> bool:
-    """Whether ``tensor``'s bytes lie in a mapping of a file (a weight a loader memory-mapped)."""
+def in_file_mapping(tensor, mappings: list[tuple[int, int]] | None = None) -> bool:
+    """Whether ``tensor``'s bytes lie in a mapping of a file (a weight a loader memory-mapped);
+    ``mappings``: ``file_mappings()`` read once for many tensors."""
     start = tensor.data_ptr()
-    return sys.platform.startswith("linux") and _in_file_mapping(start, start + tensor.numel() * tensor.element_size())
+    end = start + tensor.numel() * tensor.element_size()
+    return any(low <= start and end <= high for low, high in (file_mappings() if mappings is None else mappings))
+
+
+def file_mappings() -> list[tuple[int, int]]:
+    """The [low, high) address ranges of this process's mappings of regular files (/proc/self/maps;
+    none where it cannot be read)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0":
+                    low, high = (int(x, 16) for x in fields[0].split("-"))
+                    found.append((low, high))
+    except (OSError, ValueError):
+        pass
+    return found
 
 
 def release_mapped_range(start: int, end: int) -> int:
@@ -175,16 +193,7 @@ def trim() -> bool:
 
 def _in_file_mapping(start: int, end: int) -> bool:
     """Whether [start, end) lies inside one mapping of a regular file (/proc/self/maps)."""
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                low, high = (int(x, 16) for x in fields[0].split("-"))
-                if low <= start and end <= high:
-                    return len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0"
-    except (OSError, ValueError):
-        pass
-    return False
+    return any(low <= start and end <= high for low, high in file_mappings())
 
 
 # --- memory a decode step streams, in transparent huge pages ----------------------------------------

@@ -67,11 +67,11 @@ def test_a_twin_in_huge_pages_multiplies_as_one_in_torchs_memory(monkeypatch, tw
     assert all(torch.equal(a, b) for a, b in zip(fast.state_dict().values(), plain.state_dict().values()))
 
 
-def test_a_loaded_bf16_weight_moves_into_huge_pages_once_prepared(tmp_path, monkeypatch):
+def test_loaded_bf16_weights_move_into_huge_pages_once_prepared(tmp_path, monkeypatch):
     """A bf16 checkpoint's weights are memory-mapped by the loader; ``prepare`` (every generation
-    scope runs it) copies each mapped weight of 2 MiB or more into huge pages, the same Parameter
-    (the tied table's embedding reads the copy too) with the same values, and decoding gives the
-    tokens of the same checkpoint loaded with the switch off."""
+    scope runs it) copies the mapped weights of its bf16 linears, small ones too, into one arena of
+    huge pages: the same Parameters (the tied table's embedding reads the copy too) with the same
+    values, and decoding gives the tokens of the same checkpoint loaded with the switch off."""
     import torchformer as tfm
     from torchformer.host_memory import in_file_mapping
 
@@ -81,14 +81,18 @@ def test_a_loaded_bf16_weight_moves_into_huge_pages_once_prepared(tmp_path, monk
     tfm.save(model, tmp_path / "ckpt")
     loaded = tfm.load(tmp_path / "ckpt")
     table = loaded.lm_head.weight  # tied: (4096, 512) bf16, 4 MiB
+    small = loaded.stack.blocks[0].attn.q_proj.weight  # (512, 512) bf16: 0.5 MiB
     assert table is loaded.embed.tok.weight and table.dtype == torch.bfloat16
     if not in_file_mapping(table):
         pytest.skip("this loader did not memory-map the checkpoint")
     formats.prepare(loaded)
     assert loaded.lm_head.weight is table and loaded.embed.tok.weight is table
-    assert not in_file_mapping(table) and torch.equal(table, model.lm_head.weight)
+    assert loaded.stack.blocks[0].attn.q_proj.weight is small
+    assert not in_file_mapping(table) and not in_file_mapping(small)
+    assert torch.equal(table, model.lm_head.weight) and torch.equal(small, model.stack.blocks[0].attn.q_proj.weight)
     if thp_on:
-        assert table.data_ptr() % HUGE_PAGE == 0
+        assert huge_kib(table.data_ptr()) >= 4 * 1024  # the arena's whole huge pages
+    assert formats.stream_mapped_bf16(loaded) == 0  # nothing mapped is left: the next scope moves nothing
     monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
     plain = tfm.load(tmp_path / "ckpt")
     formats.prepare(plain)

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..host_memory import HUGE_PAGE, in_file_mapping
+from ..host_memory import file_mappings, in_file_mapping
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
 from .joint import join
-from .panels import huge_zeros
+from .panels import huge_arena
 from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, finished, ops_ready, rows_of
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
@@ -45,7 +45,7 @@ UNIT_ROWS = 5
 # against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
 DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
 DOT_ROWS = 16
-STREAM_CHUNK = 32 << 20  # bytes of a mapped bf16 weight copied into huge pages at a time (stream_weight)
+STREAM_CHUNK = 32 << 20  # bytes of a mapped bf16 weight copied into huge pages at a time (stream_mapped_bf16)
 
 
 def widened_product(x2: Tensor, w: Tensor) -> Tensor:
@@ -94,29 +94,6 @@ class Bf16Linear(Linear):
     def finish(self, out: Tensor, x: Tensor) -> Tensor:
         return finished(out, x, self.bias, self.out_features)
 
-    def stream_weight(self) -> bool:
-        """Move the weight, where it lies in a file's mapping (a loader's safetensors), into huge
-        pages (fast/panels.py ``huge_zeros``: a batch-1 step reads it whole, and the plain read of
-        huge pages is 1.16x that of the mapping's 4 KiB pages here), STREAM_CHUNK bytes at a time,
-        each chunk's mapped pages given back once copied: the process holds one copy, and at most a
-        chunk twice (the 1B shape's tied table whole: +440 MiB of peak). The same Parameter, its
-        values unchanged (a tied table's embedding reads the copy too). Returns whether it moved."""
-        w = self.weight
-        small = w.numel() * w.element_size() < HUGE_PAGE  # stays in the mapping: no whole huge page
-        if small or w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous() or not in_file_mapping(w):
-            return False
-        old = w.data
-        with torch.inference_mode(False), torch.no_grad():  # a normal tensor, even inside a decode loop
-            new = huge_zeros(tuple(old.shape), old.dtype)
-            if new is None:
-                return False
-            step = max(1, STREAM_CHUNK // max(1, old[0].numel() * old.element_size()))  # rows a chunk
-            for start in range(0, old.shape[0], step):
-                new[start : start + step].copy_(old[start : start + step])
-                release_mapped_pages(old[start : start + step])
-            w.data = new
-        return True
-
     def grad_needed(self, x: Tensor) -> bool:
         return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
 
@@ -160,21 +137,50 @@ def prepared(module: nn.Module, release_mapped: bool = False) -> nn.Module:
     out = twin.of(module)
     if release_mapped and isinstance(out, PanelLinear):
         release_mapped_pages(module.qweight)
-    if isinstance(out, Bf16Linear):
-        out.stream_weight()
     return out
+
+
+def stream_mapped_bf16(model: nn.Module) -> int:
+    """Move the ``Bf16Linear`` weights that lie in a file's mapping (a loader's safetensors) into one
+    arena of huge pages (fast/panels.py ``huge_arena``: a batch-1 step reads them whole, and the plain
+    read of huge pages is 1.16x that of the mapping's 4 KiB pages here; one arena, so a small model's
+    weights of under 2 MiB each get them too), STREAM_CHUNK bytes at a time, each chunk's mapped
+    pages given back once copied: the process holds one copy and at most a chunk twice (the 1B
+    shape's tied table whole: +440 MiB of peak). The same Parameters, their values unchanged (a tied
+    table's embedding reads the copy too); a weight already in memory stays where it is. Returns the
+    bytes moved."""
+    mappings, found, seen = file_mappings(), [], set()
+    for m in model.modules():
+        w = m.weight if isinstance(m, Bf16Linear) else None
+        if w is None or id(w) in seen or w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous():
+            continue
+        seen.add(id(w))
+        if in_file_mapping(w, mappings):
+            found.append(w)
+    with torch.inference_mode(False), torch.no_grad():  # normal tensors, even inside a decode loop
+        arena = huge_arena([(tuple(w.shape), w.dtype) for w in found]) if found else None
+        for w, new in zip(found, arena or []):
+            old = w.data
+            step = max(1, STREAM_CHUNK // max(1, old[0].numel() * old.element_size()))  # rows a chunk
+            for row in range(0, old.shape[0], step):
+                new[row : row + step].copy_(old[row : row + step])
+                release_mapped_pages(old[row : row + step])
+            w.data = new
+    return sum(w.numel() * w.element_size() for w in found) if arena else 0
 
 
 def prepare(model: nn.Module, release_mapped: bool = False) -> int:
     """Swap ``model``'s quantized linears for their panel twins and its bf16 ``Linear``s for
     ``Bf16Linear`` where the kernels run (``prepared``, one module at a time, so a panel copy
-    never waits for the others), then joins the panel twins of each attention's q/k/v and each
-    gated MLP's gate/up (fast/joint.py, again where a load or cast since left a joint stale);
-    returns how many were swapped (module docstring). Idempotent; a no-op without the kernels."""
+    never waits for the others), moves the bf16 weights a loader mapped into huge pages
+    (``stream_mapped_bf16``), then joins the panel twins of each attention's q/k/v and each gated
+    MLP's gate/up (fast/joint.py, again where a load or cast since left a joint stale); returns how
+    many were swapped (module docstring). Idempotent; a no-op without the kernels."""
     names = [name for name, m in model.named_modules() if fits(m) is not None]
     for name in names:
         parent, _, leaf = name.rpartition(".")
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, leaf, prepared(getattr(owner, leaf), release_mapped))
+    stream_mapped_bf16(model)  # mapped bf16 weights into huge pages
     join(model)  # q/k/v and gate/up panel twins as one product each (fast/joint.py)
     return len(names)

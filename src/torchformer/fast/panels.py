@@ -77,12 +77,26 @@ def huge_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor | None:
     """Zeros over ``host_memory.huge_page_memory`` (a batch-1 step's plain read of them is 1.16x that
     of 4 KiB pages here), the tensor keeping its mapping alive; None where there are none to have
     (less than a huge page, not Linux, ``TORCHFORMER_HUGE_PAGES=0``)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    got = huge_page_memory(nbytes)
+    found = huge_arena([(shape, dtype)])
+    return None if found is None else found[0]
+
+
+def huge_arena(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[Tensor] | None:
+    """Zero tensors of these (shape, dtype)s side by side in one ``huge_page_memory`` mapping (each
+    at a multiple of 64 bytes), so tensors of under 2 MiB get huge pages too; each tensor has a
+    storage of its own (a compile region refuses inputs sharing one: models/regions.py) and keeps
+    the mapping alive. None where there are no huge pages to have."""
+    sizes = [-(-math.prod(shape) * dtype.itemsize // 64) * 64 for shape, dtype in specs]
+    got = huge_page_memory(sum(sizes))
     if got is None:
         return None
-    mapping, offset = got
-    return torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset).view(dtype).view(shape)
+    mapping, start = got
+    out = []
+    for (shape, dtype), size in zip(specs, sizes):
+        nbytes = math.prod(shape) * dtype.itemsize
+        out.append(torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=start).view(dtype).view(shape))
+        start += size
+    return out
 
 
 def version(weight: Tensor) -> int:
