@@ -161,7 +161,8 @@ def stream_mapped_bf16(model: nn.Module) -> int:
         arena = huge_arena([(tuple(w.shape), w.dtype) for w in found]) if found else None
         for w, new in zip(found, arena or []):
             old = w.data
-            step = max(1, STREAM_CHUNK // max(1, old[0].numel() * old.element_size()))  # rows a chunk
+            row_bytes = old.numel() // max(1, old.shape[0]) * old.element_size()
+            step = max(1, STREAM_CHUNK // max(1, row_bytes))  # rows a chunk
             for row in range(0, old.shape[0], step):
                 new[row : row + step].copy_(old[row : row + step])
                 release_mapped_pages(old[row : row + step])
