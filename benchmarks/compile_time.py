@@ -17,10 +17,11 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
+
+from benchmarks.child import run_child
 
 RESULT = "COMPILE_TIME_RESULT "
 FORMATS = ("bf16", "int8", "int4")
@@ -71,17 +72,13 @@ def child(folder: str, fmt: str, prompt: int, new_tokens: int) -> dict:
     }
 
 
-def run_child(args: argparse.Namespace, fmt: str, cache: str) -> dict:
+def measured(args: argparse.Namespace, fmt: str, cache: str) -> dict:
+    """``child`` for one format in a fresh process over the inductor cache ``cache``."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1")
     if args.compile_threads is not None:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(args.compile_threads)
-    spec = json.dumps([args.folder, fmt, args.prompt, args.new_tokens])
-    cmd = [sys.executable, "-m", "benchmarks.compile_time", "--child", spec]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    for line in out.stdout.splitlines():
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT) :])
-    raise RuntimeError(f"{fmt}: the measuring process failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    spec = [args.folder, fmt, args.prompt, args.new_tokens]
+    return run_child("benchmarks.compile_time", spec, RESULT, env=env, timeout=args.timeout)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for fmt in args.formats:
         with tempfile.TemporaryDirectory(prefix="tfm-inductor-") as cache:
-            cold = run_child(args, fmt, cache)
-            warm = run_child(args, fmt, cache)
+            cold = measured(args, fmt, cache)
+            warm = measured(args, fmt, cache)
         rows.append((cold, warm))
         print(json.dumps({"cold": cold, "warm": warm}), file=sys.stderr, flush=True)
     print("| format | cold wall s | cold CPU s | graphs | region traces | warm wall s | warm CPU s |")

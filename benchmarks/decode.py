@@ -30,6 +30,7 @@ import torch
 
 import torchformer as tfm
 from benchmarks.results import write_section
+from torchformer.fast.panels import huge_zeros
 from torchformer.models.saving import unique_state
 
 SHAPE = {"vocab": 8192, "d_model": 512, "n_layers": 6, "n_heads": 8, "n_kv_heads": 8, "d_ff": 1368}
@@ -129,8 +130,6 @@ def streaming_reader(n_bytes: int):
     decode step. The buffer lies in transparent huge pages where the host gives them (as the
     kernels' weights do: fast/panels.py ``huge_zeros``), the machine's best plain read (1.16x that of
     4 KiB pages here). Call it again to read the bound at another moment (benchmarks/gguf_decode.py)."""
-    from torchformer.fast.panels import huge_zeros
-
     shape = (n_bytes // 4 // 512, 512)
     buffer = huge_zeros(shape, torch.float32)
     buffer = torch.randn(shape) if buffer is None else buffer.normal_()

@@ -19,10 +19,10 @@ import collections
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from benchmarks.child import run_child
 
 RESULT = "PANEL-RATES "
 PLAIN_BYTES = 800_000_000  # the plain read's buffer: about a 4-bit 1B model's step
@@ -70,14 +70,10 @@ def measure(rows: list[int], reps: int) -> dict[str, list[float]]:
     return out
 
 
-def child(src: Path, rows: list[int], reps: int) -> dict[str, float]:
+def child(src: Path, rows: list[int], reps: int) -> dict[str, list[float]]:
+    """``measure`` in a fresh process over the source tree ``src``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), str(Path(__file__).parents[1])])}
-    args = [sys.executable, "-m", "benchmarks.panel_rates", "--child", json.dumps([rows, reps])]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT) :])
-    raise RuntimeError(f"panel_rates child ({src}) failed: {proc.stderr[-2000:]}")
+    return run_child("benchmarks.panel_rates", [rows, reps], RESULT, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,7 +122,7 @@ MADV_DONTNEED = 4  # madvise(2), Linux
 PAGE = 4096
 
 
-def release_mapped(tensor) -> int:
+def release_mapped(tensor, mappings: list[tuple[int, int]] | None = None) -> int:
     """Drop ``tensor``'s pages from this process's resident set when its storage lies in a mapping
     of a file (safetensors weights are memory-mapped); returns the bytes released (0 elsewhere:
     heap memory, other platforms). A loader that has quantized a mapped weight calls it so the
@@ -131,22 +131,22 @@ def release_mapped(tensor) -> int:
 
     Only for tensors nothing has written since they were mapped: the mapping is private, so a
     written page would revert to the file's bytes. The loaders call it on weights they have just
-    read, before the model reaches the caller."""
+    read, before the model reaches the caller. ``mappings``: ``file_mappings()`` read once for many
+    calls."""
     if tensor.is_contiguous():  # a block of rows of a mapped matrix: its own bytes only
         start = tensor.data_ptr()
         end = start + tensor.numel() * tensor.element_size()
     else:
         storage = tensor.untyped_storage()
         start, end = storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-    return release_mapped_range(start, end)
+    return release_mapped_range(start, end, mappings)
 
 
 def in_file_mapping(tensor, mappings: list[tuple[int, int]] | None = None) -> bool:
     """Whether ``tensor``'s bytes lie in a mapping of a file (a weight a loader memory-mapped);
     ``mappings``: ``file_mappings()`` read once for many tensors."""
     start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    return any(low <= start and end <= high for low, high in (file_mappings() if mappings is None else mappings))
+    return _in_file_mapping(start, start + tensor.numel() * tensor.element_size(), mappings)
 
 
 def file_mappings() -> list[tuple[int, int]]:
@@ -165,15 +165,22 @@ def file_mappings() -> list[tuple[int, int]]:
     return found
 
 
-def release_mapped_range(start: int, end: int) -> int:
+def release_mapped_range(start: int, end: int, mappings: list[tuple[int, int]] | None = None) -> int:
     """release_mapped for the bytes [start, end) of this process's memory (a numpy view of a mapped
     file: the GGUF reader's tensors); the same conditions."""
     first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the tensor only
-    if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end):
+    if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end, mappings):
         return 0
-    madvise = libc().madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return last - first if madvise(first, last - first, MADV_DONTNEED) == 0 else 0
+    return last - first if madvise()(first, last - first, MADV_DONTNEED) == 0 else 0
+
+
+@functools.cache
+def madvise():
+    """madvise(2) through ctypes, its arguments declared once (OSError / AttributeError where the C
+    library has none)."""
+    call = libc().madvise
+    call.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return call
 
 
 def trim() -> bool:
@@ -191,9 +198,9 @@ def trim() -> bool:
     return True
 
 
-def _in_file_mapping(start: int, end: int) -> bool:
-    """Whether [start, end) lies inside one mapping of a regular file (/proc/self/maps)."""
-    return any(low <= start and end <= high for low, high in file_mappings())
+def _in_file_mapping(start: int, end: int, mappings: list[tuple[int, int]] | None = None) -> bool:
+    """Whether [start, end) lies inside one mapping of a regular file (``file_mappings``)."""
+    return any(low <= start and end <= high for low, high in (file_mappings() if mappings is None else mappings))
 
 
 # --- memory a decode step streams, in transparent huge pages ----------------------------------------
@@ -225,10 +232,9 @@ def huge_page_memory(nbytes: int) -> tuple[mmap.mmap, int] | None:
     try:
         mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-        madvise = libc().madvise
+        advise = madvise()
     except (OSError, ValueError, AttributeError):
         return None
     offset = -start % HUGE_PAGE
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    madvise(start + offset, nbytes // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE)  # advice: a refusal costs nothing
+    advise(start + offset, nbytes // HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE)  # advice: a refusal costs nothing
     return mapping, offset

@@ -149,14 +149,10 @@ def stream_mapped_bf16(model: nn.Module) -> int:
     shape's tied table whole: +440 MiB of peak). The same Parameters, their values unchanged (a tied
     table's embedding reads the copy too); a weight already in memory stays where it is. Returns the
     bytes moved."""
-    mappings, found, seen = file_mappings(), [], set()
-    for m in model.modules():
-        w = m.weight if isinstance(m, Bf16Linear) else None
-        if w is None or id(w) in seen or w.dtype != torch.bfloat16 or not w.is_cpu or not w.is_contiguous():
-            continue
-        seen.add(id(w))
-        if in_file_mapping(w, mappings):
-            found.append(w)
+    candidates = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Bf16Linear)}  # tied: once
+    candidates = [w for w in candidates.values() if w.dtype == torch.bfloat16 and w.is_cpu and w.is_contiguous()]
+    mappings = file_mappings() if candidates else []  # read once, and only for a model with bf16 twins
+    found = [w for w in candidates if in_file_mapping(w, mappings)]
     with torch.inference_mode(False), torch.no_grad():  # normal tensors, even inside a decode loop
         arena = huge_arena([(tuple(w.shape), w.dtype) for w in found]) if found else None
         for w, new in zip(found, arena or []):
@@ -165,7 +161,7 @@ def stream_mapped_bf16(model: nn.Module) -> int:
             step = max(1, STREAM_CHUNK // max(1, row_bytes))  # rows a chunk
             for row in range(0, old.shape[0], step):
                 new[row : row + step].copy_(old[row : row + step])
-                release_mapped_pages(old[row : row + step])
+                release_mapped_pages(old[row : row + step], mappings)
             w.data = new
     return sum(w.numel() * w.element_size() for w in found) if arena else 0
 

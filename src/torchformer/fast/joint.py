@@ -66,11 +66,7 @@ class Joint:
         fused._buffers["bias"] = None  # each member adds its own (finish)
         for name in JOINED:
             parts = [m._buffers.get(name) for m in self.members]
-            if parts[0] is not None:  # (P_total, ...), in huge pages where it spans one
-                whole = stream_zeros((sum(t.shape[0] for t in parts), *parts[0].shape[1:]), parts[0].dtype)
-                fused._buffers[name] = torch.cat(parts, out=whole)
-            else:
-                fused._buffers[name] = None
+            fused._buffers[name] = None if parts[0] is None else joined(parts)
             start = 0
             for m, part in zip(self.members, parts):
                 if part is not None:
@@ -120,6 +116,12 @@ class Joint:
             # at 512 rows: 33.5 MB) to the peak, for an ulp of fp32 activations' GELU.
             parts = [p.contiguous() for p in parts]
         return tuple(m.finish(o, x) for m, o in zip(self.members, parts))
+
+
+def joined(parts: list[Tensor]) -> Tensor:
+    """The parts end to end along dim 0 (P_total, ...), in huge pages where that spans one."""
+    out = stream_zeros((sum(t.shape[0] for t in parts), *parts[0].shape[1:]), parts[0].dtype)
+    return torch.cat(parts, out=out)
 
 
 def joinable(members: list[nn.Module]) -> bool:
