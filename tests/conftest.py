@@ -113,6 +113,7 @@ def aot_eager(monkeypatch):
         return aot(gm, example_inputs)
 
     monkeypatch.setattr(steps, "_COMPILED", {})  # compiled step functions made under another backend
+    monkeypatch.setenv("TORCHFORMER_AOT_STEP", "0")  # dynamo's step: AOTInductor has no backend to swap
     def compile_aot(fn, options=None, **kw):  # inductor's options (C++ host code) mean nothing here
         return compile_(fn, backend=counting, **kw)
 
@@ -122,6 +123,50 @@ def aot_eager(monkeypatch):
     yield graphs
     flex._compiled_kernel.cache_clear()
     torch._dynamo.reset()
+
+
+class EagerLoader:
+    """AOTInductor's loader API over an exported program run eagerly (its unlifted module): the
+    constants it is given replace the module's own, as the C++ loader points at them."""
+
+    def __init__(self, program) -> None:
+        self.module = program.module()
+        self.names = [n for n, _ in self.module.named_parameters()] + [n for n, _ in self.module.named_buffers()]
+        self.bound = 0
+
+    def get_constant_fqns(self) -> list[str]:
+        return list(self.names)
+
+    def load_constants(self, tensors, use_inactive, check_full_update, user_managed) -> None:
+        assert check_full_update and user_managed and set(tensors) == set(self.names)
+        for name, t in tensors.items():
+            owner, _, leaf = name.rpartition(".")
+            held = self.module.get_submodule(owner)
+            table = held._parameters if leaf in held._parameters else held._buffers
+            table[leaf] = t
+        self.bound += 1
+
+    def run(self, tensors):
+        out = self.module(*tensors)
+        return [out]
+
+
+@pytest.fixture
+def exported_eager(monkeypatch):
+    """Decode steps compiled ahead (fast/exported.py) with the exported program run eagerly instead
+    of AOTInductor's library: the export, the binding and the inputs are the same, for seconds per
+    model instead of a cold C++ compile. Yields the loaders made."""
+    from torchformer.fast import exported
+
+    made = []
+
+    def eager(program):
+        made.append(EagerLoader(program))
+        return made[-1]
+
+    monkeypatch.setenv("TORCHFORMER_AOT_STEP", "1")
+    monkeypatch.setattr(exported, "package", eager)
+    yield made
 
 
 @pytest.hookimpl(trylast=True)

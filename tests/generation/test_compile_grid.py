@@ -81,6 +81,21 @@ def test_compiled_decode_equals_eager(v, aot_eager):
         torch.testing.assert_close(logits, eager_logits, rtol=0, atol=1e-4)
 
 
+@pytest.mark.parametrize("v", **params([v for v in ROWS if v["arch"] == "decoder"]))
+def test_decode_compiled_ahead_equals_eager(v, exported_eager):
+    """The steps compiled ahead (fast/exported.py) over the same rows: each row's step exports
+    (none falls back to dynamo) and its program, run eagerly, decodes as the eager model does."""
+    model, ids, mask = varied_inputs(v)
+    for b in (1, 4):
+        eager_tok, eager_logits = run(model, ids[-b:], mask[-b:], False)
+        tok, logits = run(model, ids[-b:], mask[-b:], True)
+        assert len(exported_eager) == 1, "one exported step per batch size"
+        assert exported_eager[0].bound >= 1
+        exported_eager.clear()
+        assert torch.equal(tok, eager_tok)
+        torch.testing.assert_close(logits, eager_logits, rtol=0, atol=1e-4)
+
+
 def test_compiled_speculative_equals_plain_greedy(aot_eager):
     """Verify chunks (k + 1 rows) and the draft's 2-token and 1-token steps, compiled."""
     v = variants(("decoder",))[1]

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..fast.scope import packed
 from .request import Request, check_float, check_int, make_request
-from .steps import prefill, steady, step_function
+from .steps import check_compile_settings, loop_step, prefill
 
 
 class Beams(NamedTuple):
@@ -88,6 +88,7 @@ def beam_search(
     if n_best > beam_size:
         raise ValueError(f"n_best={n_best}: must be <= beam_size={beam_size}")
     check_float("length_penalty", length_penalty, lambda a: True, "must be a finite number")
+    check_compile_settings(bool(compile))
     with packed(model, input_ids.shape[0] * beam_size):  # few-row products over packed weights (fast/panels.py)
         sequences, scores = search(model, req, beam_size, n_best, float(length_penalty), bool(compile))
     return Beams(sequences.clone(), scores.clone())  # clone: normal tensors, usable with autograd
@@ -107,7 +108,7 @@ def search(model, req: Request, beam_size: int, n_best: int, length_penalty: flo
     eos = set() if req.eos is None else set(req.eos.tolist())
     items = [Item(n_best, max_new_tokens, length_penalty) for _ in range(B)]
     beams: list[list[int]] = [[] for _ in range(B * K)]
-    step = steady(step_function(req.seq2seq, compiled, model=model), compiled)
+    step = loop_step(model, req.seq2seq, compiled)
     for length in range(1, max_new_tokens + 1):
         cand = (totals.view(B * K, 1) + logp).view(B, K * V)
         top, index = cand.topk(min(K * (len(eos) + 1), K * V), dim=1)  # enough to find K non-EOS

@@ -21,7 +21,7 @@ from ..fast.scope import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process, processed
 from .speculative import SpeculativeStream
-from .steps import prefill, steady, step_function
+from .steps import check_compile_settings, loop_step, prefill
 
 
 class History:
@@ -59,7 +59,7 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
         logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
-        step = steady(step_function(req.seq2seq, compiled, model=model), compiled)
+        step = loop_step(model, req.seq2seq, compiled)
         history = None
         if s.needs_history:
             mask = None if req.seq2seq else req.attention_mask
@@ -128,6 +128,7 @@ def open_decode(
     s = sampling_options(temperature, top_k, top_p, min_p, repetition_penalty, no_repeat_ngram_size)
     k = speculative_k(model, req, s, draft_model, num_draft_tokens, prompt_lookup_num_tokens)
     generator = make_generator(seed, input_ids.device)
+    check_compile_settings(bool(compile))
     if k is not None:
         return req, SpeculativeStream(model, req, s, generator, bool(compile), draft_model, k)
     return req, (tok.clone() for tok, _ in decode(model, req, s, generator, bool(compile)))  # clone: a normal tensor

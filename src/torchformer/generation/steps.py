@@ -13,7 +13,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..fast.compiled import compile_step, cpp_host
+from ..fast import exported
+from ..fast.compiled import compile_step, cpp_host, cpp_wrapper_setting
 from ..nn.kv_cache import KVCache
 from .request import Request
 
@@ -97,6 +98,24 @@ def step_function(seq2seq: bool, compiled: bool, fn=None, model=None):
     if key not in _COMPILED:
         _COMPILED[key] = compile_step(fn, key[1])
     return _COMPILED[key]
+
+
+def check_compile_settings(compiled: bool) -> None:
+    """The environment's compile settings (TORCHFORMER_AOT_STEP, TORCHFORMER_CPP_WRAPPER) read where
+    a compiled call is validated, before any work; a wrong one raises ValueError naming it."""
+    if compiled:
+        exported.setting()
+        cpp_wrapper_setting()
+
+
+def loop_step(model, seq2seq: bool, compiled: bool):
+    """The step one decode loop calls: eager, or compiled. A decoder on the CPU whose step is host
+    code more than kernels (fast/exported.py ``ahead``) runs it compiled ahead by AOTInductor, with
+    dynamo's step (``steady``) where that cannot be exported."""
+    step = steady(step_function(seq2seq, compiled, model=model), compiled)
+    if compiled and not seq2seq and exported.ahead(model):
+        return exported.loop(decoder_step, step)
+    return step
 
 
 def steady(step, compiled: bool):

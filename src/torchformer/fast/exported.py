@@ -1,0 +1,229 @@
+"""Decode steps compiled ahead of time by AOTInductor: the step's graph exported once
+(``torch.export``), compiled into one shared library, and called from Python with one list of
+tensors a token.
+
+Why: on a small model a compiled step is host code more than kernels. Through dynamo (even with
+C++ host code and skipped guards) a toy int4 step (6 layers, hidden 512, batch 1, 2 threads) spent
+~300 of its ~550 us outside the C++ entry: dynamo's frame gathering ~80 weights as graph inputs
+(~0.8 us each), AOT autograd's wrappers, the Python host call. The same graph through AOTInductor
+took ~300 us (int8 ~610 against ~1000, bf16 ~1200 against ~1550), the same logits bit for bit.
+
+How: the weights are the package's constants, not inputs. It is compiled without them
+(``package_constants_in_so=False``) and bound to the model's own tensors
+(``load_constants(..., user_managed=True)``: no copy), and bound again when the model holds other
+tensors under the same names (a scope's packed twins are new each generate call). What cannot be
+named as a parameter or buffer (a joint q/k/v buffer, fast/joint.py) is passed as an input, with
+the KV cache, the token ids and positions. One step is compiled per model, step input shapes and
+thread count (inductor writes the thread count into its kernels); a model whose modules change
+(another type or name, hooks, a joint made or dropped) compiles again.
+
+What it does not see: Python values a forward reads (config numbers, flags) are baked into the
+graph as dynamo's guards would have checked them; change a model's config after its first
+compiled step and the step keeps the old value. ``TORCHFORMER_AOT_STEP=0`` turns it off (the
+dynamo path, fast/compiled.py); ``1`` uses it for every model generation asks (models with
+compile regions too: their stacks must be built without, ``TORCHFORMER_CPP_WRAPPER=1``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import warnings
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .compiled import cpp_host
+from .joint import JointOwner
+
+log = logging.getLogger(__name__)
+
+VALUES = ("auto", "0", "1")
+
+
+def setting() -> str:
+    """``TORCHFORMER_AOT_STEP``: ``auto`` (unset), ``0`` (never) or ``1`` (always). Anything else is
+    refused."""
+    value = os.environ.get("TORCHFORMER_AOT_STEP", "auto").strip() or "auto"
+    if value not in VALUES:
+        raise ValueError(f"TORCHFORMER_AOT_STEP={value!r}: must be auto, 0 or 1")
+    return value
+
+
+def ahead(model: nn.Module) -> bool:
+    """Whether ``model``'s decode loops run steps compiled ahead: ``auto`` where its step gets C++
+    host code anyway (fast/compiled.py ``cpp_host``: a CPU model without compile regions, whose
+    step is host code more than kernels)."""
+    value = setting()
+    return value == "1" or (value == "auto" and cpp_host(model))
+
+
+def joint_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, buffer name) of each joint buffer (fast/joint.py): plain attributes, so an export
+    would lift them as unnamed constants; the step takes them as inputs instead."""
+    slots = []
+    for module in model.modules():
+        joint = module.joint if isinstance(module, JointOwner) else None
+        if joint is not None:
+            slots += [(joint.fused, n) for n, t in joint.fused._buffers.items() if t is not None]
+    return slots
+
+
+def named_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every parameter and buffer under every name it has (a tied table under both), prefixed as
+    the exported wrapper names them."""
+    found = dict(model.named_parameters(prefix="model", remove_duplicate=False))
+    found.update(model.named_buffers(prefix="model", remove_duplicate=False))
+    return found
+
+
+def structure(model: nn.Module) -> tuple:
+    """What a compiled step's graph depends on besides tensor values: each module's name, class,
+    hooks and joint, and the mode."""
+    return tuple(
+        (
+            name,
+            type(m),
+            m.training,
+            bool(m._forward_hooks or m._forward_pre_hooks),
+            getattr(m, "joint", None) is not None,
+        )
+        for name, m in model.named_modules()
+    )
+
+
+class Wrapper(nn.Module):
+    """``fn(model, ids, pos, cache)`` as a module of tensors only: ``forward(ids, pos, *kv, *joint)``
+    with the cache rebuilt around the kv tensors and the joint buffers put in their slots while it
+    runs (so the trace reads them as inputs)."""
+
+    def __init__(self, model: nn.Module, fn: Callable, cache, slots: list[tuple[nn.Module, str]]) -> None:
+        super().__init__()
+        self.model, self.fn, self.slots = model, fn, slots
+        self.make_cache = type(cache)
+        self.layer = type(cache.layers[0])
+        self.max_len, self.n = cache.max_len, len(cache.layers)
+
+    def forward(self, ids: Tensor, pos: Tensor, *rest: Tensor) -> Tensor:
+        kv, joint = rest[: 2 * self.n], rest[2 * self.n :]
+        saved = [m._buffers[n] for m, n in self.slots]
+        for (m, n), t in zip(self.slots, joint):
+            m._buffers[n] = t
+        try:
+            layers = [self.layer(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
+            return self.fn(self.model, ids, pos, self.make_cache(layers=layers, max_len=self.max_len))
+        finally:
+            for (m, n), t in zip(self.slots, saved):
+                m._buffers[n] = t
+
+
+def cache_tensors(cache) -> list[Tensor]:
+    return [t for layer in cache.layers for t in (layer.k, layer.v)]
+
+
+def package(program: torch.export.ExportedProgram):
+    """``program`` compiled by AOTInductor without its constants, loaded: the C++ loader
+    (``run(tensors)``, ``get_constant_fqns()``, ``load_constants(...)``). Tests swap this for an
+    eager runner of the same program (tests/conftest.py ``exported_eager``): inductor's kernels are
+    the dynamo path's, tested there."""
+    with tempfile.TemporaryDirectory(prefix="torchformer-step-") as folder:
+        path = torch._inductor.aoti_compile_and_package(
+            program,
+            package_path=os.path.join(folder, "step.pt2"),
+            inductor_configs={"aot_inductor.package_constants_in_so": False},
+        )
+        return torch._inductor.aoti_load_package(path).loader  # the library is loaded: the file may go
+
+
+class ExportedStep:
+    """One AOTInductor step for one model's structure, input shapes and thread count. Holds no
+    reference to the model (the registry below is keyed by it), only the tensors it is bound to."""
+
+    def __init__(self, model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> None:
+        self.structure = structure(model)
+        slots = joint_slots(model)
+        wrapper = Wrapper(model, fn, cache, slots)
+        joint = [m._buffers[n] for m, n in slots]
+        with warnings.catch_warnings():
+            # torch's own pytree code warns of its own deprecated LeafSpec check while exporting
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            program = torch.export.export(wrapper, (ids, pos, *cache_tensors(cache), *joint), strict=False)
+            self.loader = package(program)
+        self.names = list(self.loader.get_constant_fqns())
+        self.bound: list[Tensor] = []
+        self.joint: list[Tensor] = []
+
+    def bind(self, model: nn.Module) -> None:
+        """Point the constants at ``model``'s tensors (no copy) where they are not already."""
+        tensors = named_tensors(model)
+        missing = [n for n in self.names if n not in tensors]
+        if missing:  # a parameter the graph reads is gone: structure() should have seen it
+            raise RuntimeError(f"the compiled step's constants {missing[:3]} are no longer the model's")
+        now = [tensors[n] for n in self.names]
+        if len(now) != len(self.bound) or any(a is not b for a, b in zip(now, self.bound)):
+            self.loader.load_constants(dict(zip(self.names, now)), False, True, True)
+            self.bound = now  # held: the library reads these tensors' memory, never copies it
+        self.joint = [m._buffers[n] for m, n in joint_slots(model)]
+
+    def __call__(self, ids: Tensor, pos: Tensor, kv: list[Tensor]) -> Tensor:
+        return self.loader.run([ids, pos, *kv, *self.joint])[0]
+
+
+# model -> {(fn, shapes, threads): ExportedStep}; None where export failed (the dynamo path then)
+_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+BUILT = [0]  # steps compiled in this process (tests count compiles)
+
+
+def step_for(model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> ExportedStep:
+    """The compiled step for these inputs, bound to ``model``'s tensors: compiled on first use
+    (and again when the model's structure changed), bound again where its tensors changed."""
+    kv = cache_tensors(cache)
+    key = (fn, tuple(ids.shape), tuple(pos.shape), tuple(tuple(t.shape) for t in kv), torch.get_num_threads())
+    steps = _STEPS.setdefault(model, {})
+    step = steps.get(key)
+    if step is None or step.structure != structure(model):
+        step = steps[key] = ExportedStep(model, fn, ids, pos, cache)
+        BUILT[0] += 1
+    step.bind(model)
+    return step
+
+
+def loop(fn: Callable, fallback: Callable) -> Callable:
+    """``fn(model, ids, pos, cache)`` for one decode loop (one model, one cache): each new input shape
+    looks its step up once (compiling, binding), later tokens call the library directly. Where
+    the export or the compile fails, the loop runs ``fallback`` (the dynamo step), said once."""
+    seen: dict[tuple, ExportedStep | None] = {}
+
+    def call(m: nn.Module, ids: Tensor, pos: Tensor, cache) -> Tensor:
+        kv = cache_tensors(cache)
+        key = (id(m), ids.shape, pos.shape, kv[0].shape, len(kv))
+        step = seen.get(key, False)
+        if step is False:
+            step = seen[key] = checked(m, fn, ids, pos, cache)
+        if step is None:
+            return fallback(m, ids, pos, cache)
+        return step(ids, pos, kv)
+
+    return call
+
+
+_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def checked(model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> ExportedStep | None:
+    """``step_for``, or None (logged once per model) where the step cannot be exported or compiled."""
+    if model in _FAILED:
+        return None
+    try:
+        return step_for(model, fn, ids, pos, cache)
+    except Exception as err:  # export's and inductor's errors have no common base
+        _FAILED[model] = True
+        log.warning(
+            "torchformer: the decode step could not be compiled ahead (%s: %s); using torch.compile",
+            type(err).__name__,
+            str(err).splitlines()[0] if str(err) else "",
+        )
+        return None
