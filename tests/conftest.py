@@ -10,6 +10,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # worker, a forked server) and stopped at its exit (~1 s); the suite's graphs are small, and the
 # kernels are the same.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# No compiled decode steps kept between tests (fast/step_cache.py): each test compiles what it
+# checks, and nothing is written to the home folder; tests/fast/test_step_cache.py turns it on.
+os.environ.setdefault("TORCHFORMER_STEP_CACHE", "0")
 
 import gc  # noqa: E402
 import signal  # noqa: E402
@@ -160,7 +163,7 @@ def exported_eager(monkeypatch):
 
     made = []
 
-    def eager(program):
+    def eager(program, path=None):
         made.append(EagerLoader(program))
         return made[-1]
 

@@ -32,10 +32,12 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from . import step_cache
 from .compiled import cpp_host
 from .joint import JointOwner
 
@@ -124,34 +126,44 @@ def cache_tensors(cache) -> list[Tensor]:
     return [t for layer in cache.layers for t in (layer.k, layer.v)]
 
 
-def package(program: torch.export.ExportedProgram):
-    """``program`` compiled by AOTInductor without its constants, loaded: the C++ loader
-    (``run(tensors)``, ``get_constant_fqns()``, ``load_constants(...)``). Tests swap this for an
-    eager runner of the same program (tests/conftest.py ``exported_eager``): inductor's kernels are
-    the dynamo path's, tested there."""
-    with tempfile.TemporaryDirectory(prefix="torchformer-step-") as folder:
-        path = torch._inductor.aoti_compile_and_package(
-            program,
-            package_path=os.path.join(folder, "step.pt2"),
-            inductor_configs={"aot_inductor.package_constants_in_so": False},
+def package(program: torch.export.ExportedProgram, path: Path | None = None):
+    """``program`` compiled by AOTInductor without its constants (into ``path`` when given: the
+    step cache, fast/step_cache.py), loaded: the C++ loader (``run(tensors)``,
+    ``get_constant_fqns()``, ``load_constants(...)``). Tests swap this for an eager runner of the
+    same program (tests/conftest.py ``exported_eager``): inductor's kernels are the dynamo path's,
+    tested there."""
+
+    def compile_to(name: str) -> str:
+        return torch._inductor.aoti_compile_and_package(
+            program, package_path=name, inductor_configs={"aot_inductor.package_constants_in_so": False}
         )
-        return torch._inductor.aoti_load_package(path).loader  # the library is loaded: the file may go
+
+    if path is not None:
+        return step_cache.load(Path(step_cache.store(compile_to, path)))
+    with tempfile.TemporaryDirectory(prefix="torchformer-step-") as folder:
+        return step_cache.load(Path(compile_to(os.path.join(folder, "step.pt2"))))  # loaded: the file may go
 
 
 class ExportedStep:
-    """One AOTInductor step for one model's structure, input shapes and thread count. Holds no
+    """One AOTInductor step for one model's structure, input shapes and thread count: loaded from
+    the step cache where it holds one, else exported and compiled (and stored). Holds no
     reference to the model (the registry below is keyed by it), only the tensors it is bound to."""
 
     def __init__(self, model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> None:
         self.structure = structure(model)
         slots = joint_slots(model)
-        wrapper = Wrapper(model, fn, cache, slots)
-        joint = [m._buffers[n] for m, n in slots]
-        with warnings.catch_warnings():
-            # torch's own pytree code warns of its own deprecated LeafSpec check while exporting
-            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-            program = torch.export.export(wrapper, (ids, pos, *cache_tensors(cache), *joint), strict=False)
-            self.loader = package(program)
+        inputs = [ids, pos, *cache_tensors(cache), *(m._buffers[n] for m, n in slots)]
+        kept = step_cache.folder()
+        key = step_cache.fingerprint(model, fn, named_tensors(model), inputs) if kept else None
+        path = kept / f"{key}.pt2" if key else None
+        self.loader = step_cache.load(path) if path else None
+        self.compiled = self.loader is None
+        if self.compiled:
+            with warnings.catch_warnings():
+                # torch's own pytree code warns of its own deprecated LeafSpec check while exporting
+                warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+                program = torch.export.export(Wrapper(model, fn, cache, slots), tuple(inputs), strict=False)
+                self.loader = package(program, path)
         self.names = list(self.loader.get_constant_fqns())
         self.bound: list[Tensor] = []
         self.joint: list[Tensor] = []
@@ -174,7 +186,8 @@ class ExportedStep:
 
 # model -> {(fn, shapes, threads): ExportedStep}; None where export failed (the dynamo path then)
 _STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-BUILT = [0]  # steps compiled in this process (tests count compiles)
+BUILT = [0]  # steps made in this process, compiled or loaded from the step cache (tests count them)
+COMPILED = [0]  # of those, the ones exported and compiled here
 
 
 def step_for(model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> ExportedStep:
@@ -187,15 +200,18 @@ def step_for(model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) ->
     if step is None or step.structure != structure(model):
         step = steps[key] = ExportedStep(model, fn, ids, pos, cache)
         BUILT[0] += 1
+        COMPILED[0] += step.compiled
     step.bind(model)
     return step
 
 
-def loop(fn: Callable, fallback: Callable) -> Callable:
+def loop(fn: Callable, fallback: Callable[[], Callable]) -> Callable:
     """``fn(model, ids, pos, cache)`` for one decode loop (one model, one cache): each new input shape
     looks its step up once (compiling, binding), later tokens call the library directly. Where
-    the export or the compile fails, the loop runs ``fallback`` (the dynamo step), said once."""
+    the export or the compile fails, the loop runs ``fallback()`` (the dynamo step, made only then:
+    torch.compile imports dynamo, which a step from the step cache never needs), said once."""
     seen: dict[tuple, ExportedStep | None] = {}
+    dynamo: list[Callable] = []
 
     def call(m: nn.Module, ids: Tensor, pos: Tensor, cache) -> Tensor:
         kv = cache_tensors(cache)
@@ -204,7 +220,9 @@ def loop(fn: Callable, fallback: Callable) -> Callable:
         if step is False:
             step = seen[key] = checked(m, fn, ids, pos, cache)
         if step is None:
-            return fallback(m, ids, pos, cache)
+            if not dynamo:
+                dynamo.append(fallback())
+            return dynamo[0](m, ids, pos, cache)
         return step(ids, pos, kv)
 
     return call
