@@ -1,8 +1,10 @@
 """How long the first compiled ``generate`` takes (issue 25: the Llama-3.2-1B shape, <= 60 s).
 
 Each measurement is a fresh process with one torch thread. "cold": its own empty inductor cache
-(TORCHINDUCTOR_CACHE_DIR in a new temporary folder), as on a user's first run; "warm": a second
-process on that same folder (the FX graph and AOT autograd caches on disk; dynamo still traces).
+and step cache (TORCHINDUCTOR_CACHE_DIR and TORCHFORMER_STEP_CACHE in a new temporary folder), as
+on a user's first run; "warm": a second process on that same folder (a step compiled ahead,
+fast/exported.py, is loaded from the step cache; dynamo's step, TORCHFORMER_AOT_STEP=0, hits the
+FX graph and AOT autograd caches on disk and dynamo still traces).
 The timed call is the first ``tfm.generate(model, prompt, max_new_tokens, compile=True)`` after
 loading (prefill is eager, the decode step compiled); loading is not timed. Reported: wall
 seconds, CPU seconds of the process plus its children (inductor's compile workers and the C++
@@ -40,6 +42,7 @@ def child(folder: str, fmt: str, prompt: int, new_tokens: int) -> dict:
     from torch._dynamo.variables.invoke_subgraph import InvokeSubgraphHigherOrderVariable
 
     import torchformer as tfm
+    from torchformer.fast import exported
 
     torch.set_num_threads(1)
     traced, trace = [], InvokeSubgraphHigherOrderVariable.create_wrapped_node
@@ -61,6 +64,10 @@ def child(folder: str, fmt: str, prompt: int, new_tokens: int) -> dict:
     assert torch.equal(first, second)
     phases = {k: round(v, 1) for k, v in torch._dynamo.utils.calculate_time_spent().items()}
     return {
+        "step": "ahead" if exported.BUILT[0] else "dynamo",
+        "steps_compiled": exported.COMPILED[0],
+        "steps_loaded": exported.BUILT[0] - exported.COMPILED[0],
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "format": fmt,
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),
@@ -75,6 +82,7 @@ def child(folder: str, fmt: str, prompt: int, new_tokens: int) -> dict:
 def measured(args: argparse.Namespace, fmt: str, cache: str) -> dict:
     """``child`` for one format in a fresh process over the inductor cache ``cache``."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1")
+    env["TORCHFORMER_STEP_CACHE"] = os.path.join(cache, "steps")
     if args.compile_threads is not None:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(args.compile_threads)
     spec = [args.folder, fmt, args.prompt, args.new_tokens]
@@ -103,11 +111,14 @@ def main(argv: list[str] | None = None) -> None:
             warm = measured(args, fmt, cache)
         rows.append((cold, warm))
         print(json.dumps({"cold": cold, "warm": warm}), file=sys.stderr, flush=True)
-    print("| format | cold wall s | cold CPU s | graphs | region traces | warm wall s | warm CPU s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| format | step | cold wall s | cold CPU s | graphs | region traces | cold peak RSS MiB "
+          "| warm wall s | warm CPU s | warm step | warm peak RSS MiB |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for cold, warm in rows:
-        print(f"| {cold['format']} | {cold['wall_s']} | {cold['cpu_s']} | {cold['graphs']} | {cold['region_traces']} "
-              f"| {warm['wall_s']} | {warm['cpu_s']} |")  # fmt: skip
+        again = "loaded" if warm["steps_loaded"] else "compiled" if warm["steps_compiled"] else "dynamo"
+        print(f"| {cold['format']} | {cold['step']} | {cold['wall_s']} | {cold['cpu_s']} | {cold['graphs']} "
+              f"| {cold['region_traces']} | {cold['peak_rss_mib']} | {warm['wall_s']} | {warm['cpu_s']} | {again} "
+              f"| {warm['peak_rss_mib']} |")  # fmt: skip
 
 
 if __name__ == "__main__":

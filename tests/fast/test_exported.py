@@ -67,13 +67,26 @@ def test_a_step_that_cannot_be_exported_runs_dynamos(aot_eager, exported_eager, 
 def test_which_models_take_steps_compiled_ahead(monkeypatch):
     model = decoder()
     monkeypatch.delenv("TORCHFORMER_AOT_STEP", raising=False)
-    assert exported.ahead(model)  # a small CPU model: C++ host code, so compiled ahead
-    model.stack.regions = True  # big layers run compile regions: dynamo's step
+    assert exported.ahead(model)  # a CPU model
+    model.stack.regions = True  # big layers (compile regions for dynamo): compiled ahead whole
+    assert exported.ahead(model)
+    monkeypatch.setattr(exported, "on_cpu", lambda m: False)  # an accelerator's: dynamo's step
     assert not exported.ahead(model)
     monkeypatch.setenv("TORCHFORMER_AOT_STEP", "1")
     assert exported.ahead(model)
     monkeypatch.setenv("TORCHFORMER_AOT_STEP", "0")
     assert not exported.ahead(decoder())
+
+
+def test_a_stack_with_compile_regions_exports_whole_and_keeps_them(exported_eager):
+    """Export runs a stack's layers plainly (a region is dynamo's) and gives the flag back."""
+    model = decoder()
+    model.stack.regions = True
+    ids = ids_for(model)
+    assert torch.equal(
+        tfm.generate(model, ids, max_new_tokens=6, compile=True), tfm.generate(model, ids, max_new_tokens=6)
+    )
+    assert len(exported_eager) == 1 and model.stack.regions is True
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "off"])
@@ -83,3 +96,19 @@ def test_a_bad_setting_is_refused_before_any_work(value, monkeypatch):
     with pytest.raises(ValueError, match=rf"TORCHFORMER_AOT_STEP='{value}': must be auto, 0 or 1"):
         tfm.stream(model, ids_for(model), max_new_tokens=4, compile=True)
     assert tfm.generate(model, ids_for(model), max_new_tokens=4).shape == (1, 10)  # eager: not read
+
+
+def test_buffers_are_inputs_not_constants(exported_eager):
+    """The package's constants are the model's parameters only: AOTInductor clones the buffers of
+    a graph it compiles and keeps the clones (a second copy of a quantized model's panels), so the
+    panels, scales and position tables go in as inputs, and the tokens stay eager's."""
+    model = tfm.quantize(decoder(), "int8")
+    ids = ids_for(model)
+    assert torch.equal(
+        tfm.generate(model, ids, max_new_tokens=6, compile=True), tfm.generate(model, ids, max_new_tokens=6)
+    )
+    params = {f"model.{n}" for n, _ in model.named_parameters(remove_duplicate=False)}
+    buffers = {f"model.{n}" for n, _ in model.named_buffers(remove_duplicate=False)}
+    (loader,) = exported_eager
+    assert loader.names and set(loader.names) <= params
+    assert buffers and not buffers & set(loader.names)

@@ -2,43 +2,47 @@
 (``torch.export``), compiled into one shared library, and called from Python with one list of
 tensors a token.
 
-Why: on a small model a compiled step is host code more than kernels. Through dynamo (even with
-C++ host code and skipped guards) a toy int4 step (6 layers, hidden 512, batch 1, 2 threads) spent
-~300 of its ~550 us outside the C++ entry: dynamo's frame gathering ~80 weights as graph inputs
-(~0.8 us each), AOT autograd's wrappers, the Python host call. The same graph through AOTInductor
-took ~300 us (int8 ~610 against ~1000, bf16 ~1200 against ~1550), the same logits bit for bit.
+Why: a compiled step through dynamo runs Python around its C++ entry every token: dynamo's frame
+gathering the weights as graph inputs (~0.8 us each), AOT autograd's wrappers, the host call. On
+the toy shape (6 layers, hidden 512, batch 1, 2 threads) that was ~250 of a ~550 us int4 step; the
+same graph through AOTInductor took ~300 us (int8 ~610 against ~1000, bf16 ~1200 against ~1550), the
+same logits bit for bit. On the 1B shape, where a step is reads more than host code, int4 decoded
+1.08x dynamo's (a stack's layers each compiled, not one compile region reused: ~30 s cold).
 
 How: the weights are the package's constants, not inputs. It is compiled without them
 (``package_constants_in_so=False``) and bound to the model's own tensors
 (``load_constants(..., user_managed=True)``: no copy), and bound again when the model holds other
-tensors under the same names (a scope's packed twins are new each generate call). What cannot be
-named as a parameter or buffer (a joint q/k/v buffer, fast/joint.py) is passed as an input, with
-the KV cache, the token ids and positions. One step is compiled per model, step input shapes and
-thread count (inductor writes the thread count into its kernels); a model whose modules change
-(another type or name, hooks, a joint made or dropped) compiles again.
+tensors under the same names (a scope's packed twins are new each generate call). Buffers (the
+quantized panels and scales, position tables) and the joint q/k/v buffers (fast/joint.py) are
+inputs, with the KV cache, the token ids and positions (``input_slots`` says why). One step per
+model, step input shapes and thread count (inductor writes the thread count into its kernels); a
+model whose modules change (another type or name, hooks, a joint made or dropped) gets another.
+Packages are kept on disk (fast/step_cache.py): a later process loads its step in well under a
+second, and never imports dynamo or inductor.
 
-What it does not see: Python values a forward reads (config numbers, flags) are baked into the
-graph as dynamo's guards would have checked them; change a model's config after its first
-compiled step and the step keeps the old value. ``TORCHFORMER_AOT_STEP=0`` turns it off (the
-dynamo path, fast/compiled.py); ``1`` uses it for every model generation asks (models with
-compile regions too: their stacks must be built without, ``TORCHFORMER_CPP_WRAPPER=1``).
+What it does not see: Python values a forward reads are baked into the graph, as dynamo's guards
+would have checked them; change a model's config after its first compiled step in a process and
+the step keeps the old value (a new process hashes them: fast/step_cache.py).
+``TORCHFORMER_AOT_STEP``: ``auto`` (a model on the CPU), ``0`` (never: dynamo's step,
+fast/compiled.py) or ``1`` (always).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
 from . import step_cache
-from .compiled import cpp_host
+from .compiled import on_cpu
 from .joint import JointOwner
 
 log = logging.getLogger(__name__)
@@ -56,17 +60,20 @@ def setting() -> str:
 
 
 def ahead(model: nn.Module) -> bool:
-    """Whether ``model``'s decode loops run steps compiled ahead: ``auto`` where its step gets C++
-    host code anyway (fast/compiled.py ``cpp_host``: a CPU model without compile regions, whose
-    step is host code more than kernels)."""
+    """Whether ``model``'s decode loops run steps compiled ahead: ``auto`` for a model on the CPU
+    (measured there: the toy shape's step ~1.7x dynamo's, the 1B shape's int4 1.08x; an
+    accelerator's step keeps dynamo's)."""
     value = setting()
-    return value == "1" or (value == "auto" and cpp_host(model))
+    return value == "1" or (value == "auto" and on_cpu(model))
 
 
-def joint_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(module, buffer name) of each joint buffer (fast/joint.py): plain attributes, so an export
-    would lift them as unnamed constants; the step takes them as inputs instead."""
-    slots = []
+def input_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(module, buffer name) of every buffer the step may read, which it takes as inputs: each
+    module's buffers (AOTInductor clones the buffers of a graph it compiles, and keeps the clones:
+    the 1B shape's int4 panels, buffers, added 760 MiB to the compiling process; parameters it
+    reads in place) and each joint buffer (fast/joint.py: plain attributes, which an export would
+    lift as unnamed constants)."""
+    slots = [(m, n) for m in model.modules() for n, t in m._buffers.items() if t is not None]
     for module in model.modules():
         joint = module.joint if isinstance(module, JointOwner) else None
         if joint is not None:
@@ -74,9 +81,24 @@ def joint_slots(model: nn.Module) -> list[tuple[nn.Module, str]]:
     return slots
 
 
+@contextlib.contextmanager
+def hidden(slots: list[tuple[nn.Module, str]]) -> Iterator[None]:
+    """The slots' modules with empty buffer dicts while the block runs (the export then sees no
+    buffer; the wrapper puts the inputs in), their own dicts back after, in their order."""
+    owners = {id(m): m for m, _ in slots}.values()
+    saved = [(m, m._buffers) for m in owners]
+    for m, buffers in saved:
+        m._buffers = {n: None for n, t in buffers.items() if t is None}  # a None buffer stays one
+    try:
+        yield
+    finally:
+        for m, buffers in saved:
+            m._buffers = buffers
+
+
 def named_tensors(model: nn.Module) -> dict[str, Tensor]:
     """Every parameter and buffer under every name it has (a tied table under both), prefixed as
-    the exported wrapper names them."""
+    the exported wrapper names them (the parameters are the package's constants)."""
     found = dict(model.named_parameters(prefix="model", remove_duplicate=False))
     found.update(model.named_buffers(prefix="model", remove_duplicate=False))
     return found
@@ -98,9 +120,9 @@ def structure(model: nn.Module) -> tuple:
 
 
 class Wrapper(nn.Module):
-    """``fn(model, ids, pos, cache)`` as a module of tensors only: ``forward(ids, pos, *kv, *joint)``
-    with the cache rebuilt around the kv tensors and the joint buffers put in their slots while it
-    runs (so the trace reads them as inputs)."""
+    """``fn(model, ids, pos, cache)`` as a module of tensors only: ``forward(ids, pos, *kv, *buffers)``
+    with the cache rebuilt around the kv tensors and the buffers put in their slots
+    (``input_slots``) while it runs, so the trace reads them as inputs."""
 
     def __init__(self, model: nn.Module, fn: Callable, cache, slots: list[tuple[nn.Module, str]]) -> None:
         super().__init__()
@@ -110,16 +132,23 @@ class Wrapper(nn.Module):
         self.max_len, self.n = cache.max_len, len(cache.layers)
 
     def forward(self, ids: Tensor, pos: Tensor, *rest: Tensor) -> Tensor:
-        kv, joint = rest[: 2 * self.n], rest[2 * self.n :]
-        saved = [m._buffers[n] for m, n in self.slots]
-        for (m, n), t in zip(self.slots, joint):
+        kv, buffers = rest[: 2 * self.n], rest[2 * self.n :]
+        saved = [m._buffers.get(n) for m, n in self.slots]
+        # Stacks run their layers plainly: a compile region (models/regions.py) is dynamo's way to
+        # trace a big layer once; AOTInductor compiles the whole graph, each layer its own code.
+        stacks = [m for m in self.model.modules() if getattr(m, "regions", False)]
+        for (m, n), t in zip(self.slots, buffers):
             m._buffers[n] = t
+        for m in stacks:
+            m.regions = False
         try:
             layers = [self.layer(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
             return self.fn(self.model, ids, pos, self.make_cache(layers=layers, max_len=self.max_len))
         finally:
             for (m, n), t in zip(self.slots, saved):
                 m._buffers[n] = t
+            for m in stacks:
+                m.regions = True
 
 
 def cache_tensors(cache) -> list[Tensor]:
@@ -151,7 +180,7 @@ class ExportedStep:
 
     def __init__(self, model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> None:
         self.structure = structure(model)
-        slots = joint_slots(model)
+        slots = input_slots(model)
         inputs = [ids, pos, *cache_tensors(cache), *(m._buffers[n] for m, n in slots)]
         kept = step_cache.folder()
         key = step_cache.fingerprint(model, fn, named_tensors(model), inputs) if kept else None
@@ -162,11 +191,12 @@ class ExportedStep:
             with warnings.catch_warnings():
                 # torch's own pytree code warns of its own deprecated LeafSpec check while exporting
                 warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
-                program = torch.export.export(Wrapper(model, fn, cache, slots), tuple(inputs), strict=False)
+                with hidden(slots):
+                    program = torch.export.export(Wrapper(model, fn, cache, slots), tuple(inputs), strict=False)
                 self.loader = package(program, path)
         self.names = list(self.loader.get_constant_fqns())
         self.bound: list[Tensor] = []
-        self.joint: list[Tensor] = []
+        self.buffers: list[Tensor] = []
 
     def bind(self, model: nn.Module) -> None:
         """Point the constants at ``model``'s tensors (no copy) where they are not already."""
@@ -178,10 +208,10 @@ class ExportedStep:
         if len(now) != len(self.bound) or any(a is not b for a, b in zip(now, self.bound)):
             self.loader.load_constants(dict(zip(self.names, now)), False, True, True)
             self.bound = now  # held: the library reads these tensors' memory, never copies it
-        self.joint = [m._buffers[n] for m, n in joint_slots(model)]
+        self.buffers = [m._buffers[n] for m, n in input_slots(model)]
 
     def __call__(self, ids: Tensor, pos: Tensor, kv: list[Tensor]) -> Tensor:
-        return self.loader.run([ids, pos, *kv, *self.joint])[0]
+        return self.loader.run([ids, pos, *kv, *self.buffers])[0]
 
 
 # model -> {(fn, shapes, threads): ExportedStep}; None where export failed (the dynamo path then)
