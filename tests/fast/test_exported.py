@@ -112,3 +112,16 @@ def test_buffers_are_inputs_not_constants(exported_eager):
     (loader,) = exported_eager
     assert loader.names and set(loader.names) <= params
     assert buffers and not buffers & set(loader.names)
+
+
+def test_a_tensor_of_another_shape_compiles_the_step_again(exported_eager):
+    """A projection quantized again with another group: the same classes and names, other scale
+    shapes, which the library compiled for the old ones must never be handed."""
+    model, other = tfm.quantize(decoder(), "int4", group_size=16), tfm.quantize(decoder(seed=1), "int4", group_size=8)
+    ids = ids_for(model)
+    tfm.generate(model, ids, max_new_tokens=6, compile=True)
+    model.stack.blocks[0].mlp.down = other.stack.blocks[0].mlp.down
+    assert torch.equal(
+        tfm.generate(model, ids, max_new_tokens=6, compile=True), tfm.generate(model, ids, max_new_tokens=6)
+    )
+    assert len(exported_eager) == 2

@@ -106,8 +106,9 @@ def named_tensors(model: nn.Module) -> dict[str, Tensor]:
 
 def structure(model: nn.Module) -> tuple:
     """What a compiled step's graph depends on besides tensor values: each module's name, class,
-    hooks and joint, and the mode."""
-    return tuple(
+    hooks and joint, the mode, and each tensor's shape, strides and dtype (a library given a tensor
+    of another shape would read past it: a model quantized again with another group, say)."""
+    modules = tuple(
         (
             name,
             type(m),
@@ -117,6 +118,9 @@ def structure(model: nn.Module) -> tuple:
         )
         for name, m in model.named_modules()
     )
+    slots = [m._buffers[n] for m, n in input_slots(model)]
+    tensors = [*named_tensors(model).items(), *enumerate(slots)]
+    return modules, tuple((name, tuple(t.shape), t.stride(), t.dtype) for name, t in tensors)
 
 
 class Wrapper(nn.Module):
