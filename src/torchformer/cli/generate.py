@@ -30,7 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eos-id", type=int, default=None, help="stop at this id (default: the config's eos_token_id)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stream", action="store_true", help="print the text as it is generated")
-    p.add_argument("--compile", action="store_true", help="torch.compile the decode step (slow first call)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decode step (on the CPU ahead of time, kept on disk: a first run compiles, later ones load)",
+    )
     p.add_argument("--verbose", action="store_true", help="print prefill time, tokens/s (and acceptance) at the end")
     p.add_argument("--quantize", choices=["int8", "int4"], default=None, help="weight-only quantize before generating")
     p.add_argument("--group-size", type=int, default=None, help="with --quantize int4: inputs per scale (default 64)")
