@@ -99,3 +99,38 @@ def test_loaded_bf16_weights_move_into_huge_pages_once_prepared(tmp_path, monkey
     assert in_file_mapping(plain.lm_head.weight)  # left where the loader mapped it
     ids = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(1))
     assert torch.equal(tfm.generate(loaded, ids, max_new_tokens=6), tfm.generate(plain, ids, max_new_tokens=6))
+
+
+@pytest.mark.skipif(not thp_on, reason="needs Linux with transparent huge pages (madvise or always)")
+def test_weights_loaded_under_inference_mode_move_as_inference_tensors(tmp_path):
+    """The serving engine loads its model under inference_mode: its Parameters are inference
+    tensors, and the moved copies must be too, or the tied table's embedding fails in the next
+    forward ("Inference tensors do not track version counter": every request of `serve` on a tied
+    bf16 folder failed so). Prepared inside a decode loop's inference_mode or outside it, the
+    forward runs in both modes and equals the same checkpoint's loaded and prepared normally."""
+    import torchformer as tfm
+    from torchformer.host_memory import in_file_mapping
+
+    torch.manual_seed(0)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=4096, d_model=512, n_layers=1, max_seq_len=64, tie_embeddings=True)
+    model = tfm.build_model(cfg).bfloat16().eval()
+    tfm.save(model, tmp_path / "ckpt")
+    ids = torch.randint(0, 4096, (1, 5), generator=torch.Generator().manual_seed(1))
+    reference = tfm.load(tmp_path / "ckpt")  # normal tensors, the same kernels once prepared
+    formats.prepare(reference)
+    with torch.no_grad():
+        want = reference(ids)
+    for prepare_inside in (True, False):
+        with torch.inference_mode():
+            loaded = tfm.load(tmp_path / "ckpt")
+        table = loaded.lm_head.weight
+        if not in_file_mapping(table):
+            pytest.skip("this loader did not memory-map the checkpoint")
+        assert table.is_inference()
+        with torch.inference_mode(prepare_inside):
+            formats.prepare(loaded)
+        assert not in_file_mapping(table) and table.is_inference() and loaded.embed.tok.weight is table
+        with torch.inference_mode():
+            assert torch.equal(loaded(ids), want)
+        with torch.no_grad():
+            assert torch.equal(loaded(ids), want)

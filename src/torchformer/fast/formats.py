@@ -153,9 +153,23 @@ def stream_mapped_bf16(model: nn.Module) -> int:
     candidates = [w for w in candidates.values() if w.dtype == torch.bfloat16 and w.is_cpu and w.is_contiguous()]
     mappings = file_mappings() if candidates else []  # read once, and only for a model with bf16 twins
     found = [w for w in candidates if in_file_mapping(w, mappings)]
-    with torch.inference_mode(False), torch.no_grad():  # normal tensors, even inside a decode loop
-        arena = huge_arena([(tuple(w.shape), w.dtype) for w in found]) if found else None
-        for w, new in zip(found, arena or []):
+    moved = 0
+    for inference in (False, True):
+        group = [w for w in found if w.is_inference() == inference]
+        if group:
+            moved += move_into_arena(group, inference, mappings)
+    return moved
+
+
+def move_into_arena(weights: list[Tensor], inference: bool, mappings) -> int:
+    """``stream_mapped_bf16``'s move of ``weights``, all of them normal or all inference tensors
+    (a model the serving engine loaded under inference_mode): the copies are made as the weights
+    were, whatever mode the caller runs in (a decode loop's inference_mode), since an inference
+    Parameter given normal data fails in its next op (the tied table's embedding: "Inference
+    tensors do not track version counter"). Returns the bytes moved (0: no huge pages here)."""
+    with torch.inference_mode(inference), torch.no_grad():
+        arena = huge_arena([(tuple(w.shape), w.dtype) for w in weights])
+        for w, new in zip(weights, arena or []):
             old = w.data
             row_bytes = old.numel() // max(1, old.shape[0]) * old.element_size()
             step = max(1, STREAM_CHUNK // max(1, row_bytes))  # rows a chunk
@@ -163,7 +177,7 @@ def stream_mapped_bf16(model: nn.Module) -> int:
                 new[row : row + step].copy_(old[row : row + step])
                 release_mapped_pages(old[row : row + step], mappings)
             w.data = new
-    return sum(w.numel() * w.element_size() for w in found) if arena else 0
+    return sum(w.numel() * w.element_size() for w in weights) if arena else 0
 
 
 def prepare(model: nn.Module, release_mapped: bool = False) -> int:
