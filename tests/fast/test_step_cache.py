@@ -14,7 +14,7 @@ import torch
 import torchformer as tfm
 from tests.grid import build, variants
 from torchformer.fast import exported, step_cache
-from torchformer.fast.exported import named_tensors
+from torchformer.fast.exported import input_slots, named_tensors, structure
 from torchformer.generation.steps import decoder_step
 
 
@@ -25,7 +25,8 @@ def decoder(seed: int = 0, **changes):
 def key(model, batch: int = 1) -> str | None:
     cache = model.new_cache(batch, 16)
     inputs = [torch.zeros(batch, 1, dtype=torch.long)] * 2 + [t for layer in cache.layers for t in (layer.k, layer.v)]
-    return step_cache.fingerprint(model, decoder_step, named_tensors(model), inputs)
+    shape = structure(model, named_tensors(model), input_slots(model))
+    return step_cache.fingerprint(model, decoder_step, shape, inputs)
 
 
 CHILD = textwrap.dedent(

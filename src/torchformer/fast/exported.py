@@ -104,10 +104,11 @@ def named_tensors(model: nn.Module) -> dict[str, Tensor]:
     return found
 
 
-def structure(model: nn.Module) -> tuple:
+def structure(model: nn.Module, tensors: dict[str, Tensor], slots: list[tuple[nn.Module, str]]) -> tuple:
     """What a compiled step's graph depends on besides tensor values: each module's name, class,
-    hooks and joint, the mode, and each tensor's shape, strides and dtype (a library given a tensor
-    of another shape would read past it: a model quantized again with another group, say)."""
+    hooks and joint, the mode, and each tensor's (``named_tensors``, the ``input_slots``' buffers)
+    shape, strides, dtype and device (a library given a tensor of another shape would read past it:
+    a model quantized again with another group, say). The step cache's name hashes it too."""
     modules = tuple(
         (
             name,
@@ -118,9 +119,8 @@ def structure(model: nn.Module) -> tuple:
         )
         for name, m in model.named_modules()
     )
-    slots = [m._buffers[n] for m, n in input_slots(model)]
-    tensors = [*named_tensors(model).items(), *enumerate(slots)]
-    return modules, tuple((name, tuple(t.shape), t.stride(), t.dtype) for name, t in tensors)
+    every = [*tensors.items(), *((i, m._buffers[n]) for i, (m, n) in enumerate(slots))]
+    return modules, tuple((name, tuple(t.shape), t.stride(), t.dtype, t.device) for name, t in every)
 
 
 class Wrapper(nn.Module):
@@ -172,9 +172,13 @@ def package(program: torch.export.ExportedProgram, path: Path | None = None):
         )
 
     if path is not None:
-        return step_cache.load(Path(step_cache.store(compile_to, path)))
-    with tempfile.TemporaryDirectory(prefix="torchformer-step-") as folder:
-        return step_cache.load(Path(compile_to(os.path.join(folder, "step.pt2"))))  # loaded: the file may go
+        loader = step_cache.load(Path(step_cache.store(compile_to, path)))
+    else:
+        with tempfile.TemporaryDirectory(prefix="torchformer-step-") as folder:
+            loader = step_cache.load(Path(compile_to(os.path.join(folder, "step.pt2"))))  # loaded: the file may go
+    if loader is None:  # what was just compiled does not load: the caller falls back to dynamo's step
+        raise RuntimeError("the compiled step's library could not be loaded")
+    return loader
 
 
 class ExportedStep:
@@ -182,12 +186,11 @@ class ExportedStep:
     the step cache where it holds one, else exported and compiled (and stored). Holds no
     reference to the model (the registry below is keyed by it), only the tensors it is bound to."""
 
-    def __init__(self, model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) -> None:
-        self.structure = structure(model)
-        slots = input_slots(model)
+    def __init__(self, model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache, shape: tuple, slots) -> None:
+        self.structure = shape  # structure(model, ...) as the step was made
         inputs = [ids, pos, *cache_tensors(cache), *(m._buffers[n] for m, n in slots)]
         kept = step_cache.folder()
-        key = step_cache.fingerprint(model, fn, named_tensors(model), inputs) if kept else None
+        key = step_cache.fingerprint(model, fn, shape, inputs) if kept else None
         path = kept / f"{key}.pt2" if key else None
         self.loader = step_cache.load(path) if path else None
         self.compiled = self.loader is None
@@ -202,9 +205,9 @@ class ExportedStep:
         self.bound: list[Tensor] = []
         self.buffers: list[Tensor] = []
 
-    def bind(self, model: nn.Module) -> None:
-        """Point the constants at ``model``'s tensors (no copy) where they are not already."""
-        tensors = named_tensors(model)
+    def bind(self, tensors: dict[str, Tensor], slots: list[tuple[nn.Module, str]]) -> None:
+        """Point the constants at the model's tensors (``named_tensors``; no copy) where they are not
+        already, and take its buffers (``input_slots``) as the inputs that follow the cache."""
         missing = [n for n in self.names if n not in tensors]
         if missing:  # a parameter the graph reads is gone: structure() should have seen it
             raise RuntimeError(f"the compiled step's constants {missing[:3]} are no longer the model's")
@@ -212,7 +215,7 @@ class ExportedStep:
         if len(now) != len(self.bound) or any(a is not b for a, b in zip(now, self.bound)):
             self.loader.load_constants(dict(zip(self.names, now)), False, True, True)
             self.bound = now  # held: the library reads these tensors' memory, never copies it
-        self.buffers = [m._buffers[n] for m, n in input_slots(model)]
+        self.buffers = [m._buffers[n] for m, n in slots]
 
     def __call__(self, ids: Tensor, pos: Tensor, kv: list[Tensor]) -> Tensor:
         return self.loader.run([ids, pos, *kv, *self.buffers])[0]
@@ -231,11 +234,13 @@ def step_for(model: nn.Module, fn: Callable, ids: Tensor, pos: Tensor, cache) ->
     key = (fn, tuple(ids.shape), tuple(pos.shape), tuple(tuple(t.shape) for t in kv), torch.get_num_threads())
     steps = _STEPS.setdefault(model, {})
     step = steps.get(key)
-    if step is None or step.structure != structure(model):
-        step = steps[key] = ExportedStep(model, fn, ids, pos, cache)
+    tensors, slots = named_tensors(model), input_slots(model)  # one walk of the model for all below
+    shape = structure(model, tensors, slots)
+    if step is None or step.structure != shape:
+        step = steps[key] = ExportedStep(model, fn, ids, pos, cache, shape, slots)
         BUILT[0] += 1
         COMPILED[0] += step.compiled
-    step.bind(model)
+    step.bind(tensors, slots)
     return step
 
 

@@ -90,19 +90,18 @@ def hooked(model: nn.Module) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
 
 
-def fingerprint(model: nn.Module, fn: Callable, tensors: dict[str, Tensor], inputs: list[Tensor]) -> str | None:
+def fingerprint(model: nn.Module, fn: Callable, structure: tuple, inputs: list[Tensor]) -> str | None:
     """The package name for ``fn``'s step over ``model`` (module docstring); None for a model with
-    hooks. ``tensors``: the model's parameters and buffers by every name; ``inputs``: the step's."""
+    hooks. ``structure``: fast/exported.py ``structure`` (the modules' names and classes, each
+    tensor's layout); ``inputs``: the step's."""
     if hooked(model):
         return None
     parts = [torch.__version__, sys.version, source_hash(), f"{fn.__module__}.{fn.__qualname__}"]
     parts += [str(torch.get_num_threads()), torch.backends.cpu.get_cpu_capability(), cpu_flags()]
     parts += sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("TORCHFORMER_"))
-    for name, m in model.named_modules():
-        attrs = sorted((k, plain(v)) for k, v in vars(m).items() if not k.startswith("_"))
-        parts.append(f"{name}:{type(m).__module__}.{type(m).__qualname__}:{attrs}")
-    for name, t in tensors.items():
-        parts.append(f"{name}:{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.device}")
+    parts.append(repr(structure))
+    for name, m in model.named_modules():  # what the structure leaves out: the plain attributes
+        parts.append(f"{name}:{sorted((k, plain(v)) for k, v in vars(m).items() if not k.startswith('_'))}")
     parts += [f"{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.device}" for t in inputs]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 

@@ -109,9 +109,9 @@ def check_compile_settings(compiled: bool) -> None:
 
 
 def loop_step(model, seq2seq: bool, compiled: bool):
-    """The step one decode loop calls: eager, or compiled. A decoder on the CPU whose step is host
-    code more than kernels (fast/exported.py ``ahead``) runs it compiled ahead by AOTInductor, with
-    dynamo's step (``steady``) where that cannot be exported."""
+    """The step one decode loop calls: eager, or compiled. A decoder on the CPU (fast/exported.py
+    ``ahead``) runs it compiled ahead by AOTInductor, with dynamo's step (``steady``) where that
+    cannot be exported; encoder-decoders and other devices take dynamo's."""
     if compiled and not seq2seq and exported.ahead(model):
         return exported.loop(decoder_step, lambda: steady(step_function(False, True, model=model), True))
     return steady(step_function(seq2seq, compiled, model=model), compiled)
