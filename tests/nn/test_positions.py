@@ -71,6 +71,39 @@ def test_rope_scores_depend_only_on_the_offset(pairing):
     assert torch.equal(rotate(q, c0, s0), q)
 
 
+def test_rope_rows_are_float64_angles_rounded_once_and_no_table_is_held():
+    """cos/sin of pos * base^(-2i/E) worked out in float64 by math, rounded to fp32 once, at
+    positions up to Llama 3's last (131071), with an attention factor; the module holds the E/2
+    frequencies, not a table of every position (32 MiB for 131072 positions of 64 features)."""
+    E, base, factor = 64, 500000.0, 1.25
+    table = RotaryTable(131072, E, base, attention_factor=factor)
+    assert sum(b.numel() for b in table.buffers()) == E // 2
+    pos = torch.tensor([[0, 1, 4097, 131071], [5, 70000, 3, 2]])
+    c, s = table(pos)
+    assert c.shape == s.shape == (2, 1, 4, E // 2) and c.dtype == torch.float32
+    for b in range(2):
+        for t in range(4):
+            for i in range(E // 2):
+                angle = pos[b, t].item() * base ** (-2 * i / E)
+                # float32 rounding of the float64 value: equal, not close
+                assert c[b, 0, t, i].item() == torch.tensor(math.cos(angle) * factor).float().item()
+                assert s[b, 0, t, i].item() == torch.tensor(math.sin(angle) * factor).float().item()
+
+
+def test_rope_frequencies_stay_float64_when_the_model_is_cast():
+    """A cast of the whole model (bf16, fp16) leaves the rotation as it was: the frequencies are
+    float64 again after it, and the rows equal the uncast module's."""
+    table = RotaryTable(4096, 16, 10000.0, attention_factor=1.1)
+    pos = torch.tensor([[0, 7, 1000, 4095]])
+    before = table(pos)
+    for cast in (torch.bfloat16, torch.float16, torch.float32):
+        table.to(cast)
+        assert table.inv_freq.dtype == torch.float64
+        for a, b in zip(table(pos), before):
+            assert torch.equal(a, b)
+    assert table.to("meta").inv_freq.device.type == "meta"  # moves still follow
+
+
 def test_rope_pairings_differ_by_a_feature_permutation():
     """interleaved(x)[perm] == half(x[perm]) with perm = evens then odds."""
     table = RotaryTable(64, 8, 10000.0)

@@ -28,7 +28,7 @@ from torch import Tensor
 from ..fast.scope import packed
 from .request import Request
 from .sampling import Sampling, argmax, process, sample
-from .steps import chunk_step, step_function
+from .steps import chunk_step, prompt_hidden, step_function
 
 LOOKUP_MAX_NGRAM = 3  # longest trailing n-gram prompt lookup tries to match (then 2, then 1)
 
@@ -86,7 +86,7 @@ class DraftProposer:
         self.model, self.k, self.s, self.generator = draft, k, s, generator
         self.cache = draft.new_cache(1, min(draft.config.max_seq_len, max_len))
         pos = torch.arange(prompt.shape[1], device=prompt.device)[None, :]  # (1, P)
-        self.first = draft.lm_head(draft.hidden(prompt, pos, None, self.cache)[:, -1])  # (1, V)
+        self.first = draft.lm_head(prompt_hidden(draft, prompt, pos, None, self.cache))  # (1, V)
         self.chunk = step_function(False, compiled, draft_chunk_step, model=draft)
         self.step = step_function(False, compiled, model=draft)
 
@@ -147,7 +147,7 @@ def rounds(model, req: Request, s: Sampling, generator, compiled: bool, proposer
     max_len = min(model.config.max_seq_len, P + budget + k)
     cache = model.new_cache(1, max_len)
     if P > 1:  # the target holds seq[:n-1]; seq[n-1] opens the first verify chunk
-        model.hidden(prompt[:, :-1], torch.arange(P - 1, device=prompt.device)[None, :], None, cache)
+        prompt_hidden(model, prompt[:, :-1], torch.arange(P - 1, device=prompt.device)[None, :], None, cache)
     proposer = proposer_of(prompt, max_len)
     target = step_function(False, compiled, chunk_step, model=model)
     seq = torch.zeros(1, P + budget + k + 1, dtype=prompt.dtype, device=prompt.device)

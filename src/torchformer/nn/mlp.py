@@ -43,14 +43,26 @@ class _SiluTimes(torch.autograd.Function):
 
 
 def silu_times(g: Tensor, u: Tensor) -> Tensor:
-    if not torch.is_grad_enabled():  # nothing kept for backward: skip the Function's overhead (decoding)
-        return F.silu(g) * u
+    """silu(g) * u. With no gradient recorded (inference) g, the gate's own output, is overwritten:
+    two (rows, d_ff) activations fewer at a prefill's peak (16 MiB of the 1B shape's 512 rows)."""
+    if not torch.is_grad_enabled():  # nothing kept for backward: no Function, no new tensors
+        return F.silu(g, inplace=True).mul_(u)
     return _SiluTimes.apply(g, u)
 
 
+def act_times(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
+    """act(g) * u; with no gradient recorded the product is written over act(g)'s new tensor."""
+
+    def product(g: Tensor, u: Tensor) -> Tensor:
+        return act(g).mul_(u) if not torch.is_grad_enabled() else act(g) * u
+
+    return product
+
+
 def gated_product(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
-    """act(g) * u, by the memory-lean SiLU form for SwiGLU (chosen once, at build time)."""
-    return silu_times if act is F.silu else (lambda g, u: act(g) * u)
+    """act(g) * u, by the memory-lean SiLU form for SwiGLU (chosen once, at build time). Both
+    take g and u as GatedMLP hands them: this layer's own gate and up outputs."""
+    return silu_times if act is F.silu else act_times(act)
 
 
 class GatedMLP(nn.Module):

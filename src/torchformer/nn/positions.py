@@ -17,14 +17,18 @@ from torch import Tensor, nn
 from .patterns import Rule, dense_bias
 
 
-def position_angles(n_pos: int, dim: int, base: float) -> Tensor:
-    """pos * base^(-2i/dim) for pos < n_pos, i < dim/2, in float64 on the CPU.  -> (N, dim/2)
+def default_inv_freq(dim: int, base: float) -> Tensor:
+    """base^(-2i/dim) for i < dim/2 (Su et al. 2021), in float64 on the CPU.  -> (dim/2,)
 
     Derived tables are computed on the CPU and then placed: building them directly on the meta
     device (count_params, load) routes arange through torch._refs, which imports torch._dynamo
     (~5 s the first time in a process)."""
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)  # (dim/2,)
-    return torch.arange(n_pos, dtype=torch.float64, device="cpu")[:, None] * inv_freq  # (N, dim/2)
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)
+
+
+def position_angles(n_pos: int, dim: int, base: float) -> Tensor:
+    """pos * base^(-2i/dim) for pos < n_pos, i < dim/2, in float64 on the CPU.  -> (N, dim/2)"""
+    return torch.arange(n_pos, dtype=torch.float64, device="cpu")[:, None] * default_inv_freq(dim, base)
 
 
 def placed(table: Tensor, device: torch.device | None) -> Tensor:
@@ -79,11 +83,16 @@ class LearnedPositions(nn.Module):
 
 
 class RotaryTable(nn.Module):
-    """cos/sin of pos * inv_freq, looked up by position: (B, 1, T, E/2) each.
+    """cos/sin of pos * inv_freq for the positions asked: (B, 1, T, E/2) each.
 
     inv_freq None is plain RoPE, base^(-2i/E) for i < E/2; a static scaled RoPE passes its
     (E/2,) float64 frequencies (nn/rope_scaling.py) and attention factor, which multiplies cos
     and sin as in transformers (YaRN, LongRoPE), so the scores scale by its square.
+
+    Computed per forward in float64, then rounded to fp32: the values a float64 table of every
+    position would hold, without the table (max_len x E/2 x 2 fp32 values: 32 MiB resident for
+    Llama 3's 131072 positions, ~10% of the 1B shape's memory beyond its weights). A forward
+    computes B x T x E/2 of them, a step B x E/2.
     """
 
     def __init__(
@@ -91,19 +100,27 @@ class RotaryTable(nn.Module):
     ) -> None:
         super().__init__()
         self.args = (max_len, head_dim, base, inv_freq, attention_factor)
+        self.factor = attention_factor
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
-        max_len, head_dim, base, inv_freq, factor = self.args
+        _, head_dim, base, inv_freq, _ = self.args
         if inv_freq is None:
-            angles = position_angles(max_len, head_dim, base)  # (N, E/2)
-        else:
-            angles = torch.arange(max_len, dtype=torch.float64, device="cpu")[:, None] * inv_freq  # (N, E/2)
-        self.register_buffer("cos", placed((angles.cos() * factor).float(), device), persistent=False)
-        self.register_buffer("sin", placed((angles.sin() * factor).float(), device), persistent=False)
+            inv_freq = default_inv_freq(head_dim, base)  # (E/2,)
+        self.register_buffer("inv_freq", placed(inv_freq.double(), device), persistent=False)
 
-    def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:
-        return self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # (B, 1, T, E/2)
+    def _apply(self, fn, recurse=True):
+        """Moves follow ``fn``; a cast (``model.to(torch.bfloat16)``, ``.half()``) does not: the
+        frequencies are made again in float64 where ``fn`` put them. Rounded to bf16 they would be
+        off by 1/256 of themselves, the angle at position 1000 by up to ~4 radians."""
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float64:
+            self.reset_buffers(self.inv_freq.device)
+        return self
+
+    def forward(self, pos: Tensor) -> tuple[Tensor, Tensor]:  # (B, T) -> (B, 1, T, E/2) each
+        angles = pos[:, None, :, None].double() * self.inv_freq  # (B, 1, T, E/2)
+        return (angles.cos() * self.factor).float(), (angles.sin() * self.factor).float()
 
 
 def rotate_half(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -2,7 +2,7 @@
 whose frequencies follow the current length (dynamic NTK, LongRoPE).
 
 The functions return (dim/2,) float64 on the CPU (build-time tables are computed there, then
-placed; see positions.position_angles). Each equals transformers' ``ROPE_INIT_FUNCTIONS`` entry
+placed; see positions.default_inv_freq). Each equals transformers' ``ROPE_INIT_FUNCTIONS`` entry
 of the same name (tests/nn/test_rope_scaling.py checks it), written from the formulas.
 The length-dependent tables take the current length as the largest position + 1, as HF does
 (one rule per batch, chosen with tensor ops so a compiled step does not recompile), and compute
@@ -16,12 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .positions import placed
-
-
-def default_inv_freq(dim: int, base: float) -> Tensor:
-    """base^(-2i/dim) for i < dim/2 (Su et al. 2021).  -> (dim/2,)"""
-    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim)
+from .positions import default_inv_freq, placed
 
 
 def linear_inv_freq(dim: int, base: float, factor: float) -> Tensor:
