@@ -59,10 +59,11 @@ def cache_length(needed: int, max_seq_len: int, bucketed: bool) -> int:
 # through the cache in chunks of whole positions, each attending to the keys the ones before it
 # wrote (what the decode step does one position at a time), so its activations stay those of
 # PREFILL_ROWS rows, not of the prompt (an 8K-token prompt of the Llama-3.2-1B shape would hold
-# ~400 MiB of MLP activations at once). Measured on the 1B shape in bf16 (2 threads, 2026-12-06):
-# 8 x 64 rows whole against 8 x 32 twice: 2768 / 2725 ms, peak RSS 2722 / 2702 MiB; 512 tokens of
-# one row whole, in 256s, in 128s: 3040 / 2814 / 3254 ms, 2693 / 2666 / 2656 MiB. Other devices'
-# products want more rows at once (their chunk is larger).
+# ~400 MiB of MLP activations at once). Measured on the 1B shape (2 threads, one process, chunk
+# sizes alternated, best of 3, ms for 1 x 512 / 8 x 64 tokens; 2026-12-06): bf16 whole 2880 / 2614,
+# 256 rows 2735 / 2565, 128 rows 2938 / 2795; int4 g64 2266 / 2001, 2066 / 1934, 2089 / 1921; int8
+# 2501 / 2361, 2153 / 1680, 2052 / 2167. Peak RSS of the bf16 8 x 64 prefill 2722 MiB whole, 2702
+# in 256-row chunks. Other devices' products want more rows at once (their chunk is larger).
 PREFILL_ROWS = {"cpu": 256}
 PREFILL_ROWS_ELSEWHERE = 4096
 
