@@ -331,10 +331,23 @@ class Torchformer:
         self.note = ""
         self.model, self.compile = model, spec["mode"] == "compiled"
         self.bytes = torch_streamed_bytes(model)
+        self.held = torch_held_bytes(model)  # the weights as held: the memory target's first term
+        self.kv = 0  # bytes of the largest KV cache a call of this worker allocated
+
+    def cache_bytes(self, batch: int, length: int) -> int:
+        """Bytes of the cache ``generate`` allocates for ``batch`` rows needing ``length`` positions
+        (rounded up to the compiled step's bucket, plus the hidden slot), counted from a 1-slot
+        cache of the model's own layout, not allocated at full size."""
+        from torchformer.generation.steps import cache_length
+
+        one = self.model.new_cache(batch, 1)
+        per_slot = sum(t.numel() * t.element_size() for layer in one.layers for t in (layer.k, layer.v)) // 2
+        return per_slot * (cache_length(length, self.model.config.max_seq_len, self.compile) + 1)
 
     def generate(self, ids: list[list[int]], n: int) -> tuple[float, float, list[int]]:
         """(prompt forward + first token s, decode tokens/s, row 0's tokens)."""
         x = self.torch.tensor(ids)
+        self.kv = max(self.kv, self.cache_bytes(len(ids), len(ids[0]) + n - 1))
         t0 = time.perf_counter()
         first, out = None, []
         for tok in self.tfm.stream(self.model, x, max_new_tokens=n, compile=self.compile):
@@ -345,6 +358,7 @@ class Torchformer:
     def prefill(self, ids: list[list[int]], n: int) -> float:
         """The first token of a generate call sized like the others (a compiled step is never
         reached, so a long prompt compiles nothing)."""
+        self.kv = max(self.kv, self.cache_bytes(len(ids), len(ids[0]) + n - 1))
         t0 = time.perf_counter()
         tokens = self.tfm.stream(self.model, self.torch.tensor(ids), max_new_tokens=n, compile=self.compile)
         next(tokens)
@@ -547,6 +561,8 @@ def measure_once(runner, spec: dict) -> dict:
     for length in spec["prompts"][1:]:  # longer prefills at batch 1
         out[f"prefill_{length}_ms"] = 1000 * runner.prefill(prompt_ids(1, length, spec["vocab"]), spec["new_tokens"])
     out["rss_mb"] = peak_rss_mb()
+    if hasattr(runner, "held"):
+        out["held_mb"], out["kv_mb"] = runner.held / 2**20, runner.kv / 2**20
     return out
 
 
@@ -717,7 +733,7 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
         + "".join(f"prefill {p} (ms, batch 1) | " for p in long)
         + "decode tok/s | decode vs llama.cpp | "
         + "".join(f"prefill {p} vs llama.cpp | " for p in long)
-        + "MB read / step | GB/s | of bound | peak RSS (MB) | warm-up (s) | load |"
+        + "MB read / step | GB/s | of bound | peak RSS (MiB) | warm-up (s) | load |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in args.batches:
@@ -738,6 +754,27 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
                 f"{c['load']:.1f} |"
             )
     return "\n".join(lines)
+
+
+# The issue-25 memory target: peak RSS <= the weights as held + the KV cache + 300 MB.
+BUDGET_MIB = 300e6 / 2**20
+
+
+def memory_notes(rows: list[dict]) -> list[str]:
+    """Per torchformer row: its peak RSS beyond the weights it holds and its largest KV cache,
+    against the target's 300 MB (286 MiB)."""
+    parts = []
+    for r in rows:
+        sample = r["samples"][0] if r["samples"] else {}
+        if "held_mb" in sample:
+            beyond = max(s["rss_mb"] for s in r["samples"]) - sample["held_mb"] - sample["kv_mb"]
+            parts.append(
+                f"{r['system']} {beyond:.0f} (weights {sample['held_mb']:.0f}, KV cache {sample['kv_mb']:.0f})"
+            )
+    if not parts:
+        return []
+    return [f"peak RSS beyond the weights held and the largest KV cache, MiB (target <= {BUDGET_MIB:.0f}): "
+            + "; ".join(parts)]  # fmt: skip
 
 
 def file_kind(row: dict) -> str:
@@ -1062,7 +1099,7 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         if r.get("note"):
             by_note.setdefault(r["note"], []).append(r["system"])
     notes += [f"{', '.join(systems)}: {note}" for note, systems in by_note.items()]
-    notes += file_notes(rows, args.batches) + agreement_notes(rows)
+    notes += file_notes(rows, args.batches) + memory_notes(rows) + agreement_notes(rows)
     return title + "\n\n" + engine_table(rows, bound, args) + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
 
 

@@ -150,3 +150,38 @@ def test_bytes_a_step_reads_come_from_the_panels_without_building_portable_copie
     floats = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n != "embed.tok.weight")
     assert model.lm_head in quantized
     assert engines.torch_streamed_bytes(model) == panels + biases + floats
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_kv_cache_bytes_are_those_generate_allocates(compiled):
+    """The memory note's KV term: the cache generate makes for a batch (bucketed when compiled),
+    counted without allocating it, equal to the bytes of the cache steps.prefill allocates."""
+    import torch
+
+    import torchformer as tfm
+    from torchformer.generation.request import make_request
+    from torchformer.generation.steps import prefill
+
+    cfg = tfm.ModelConfig(vocab_size=50, d_model=32, n_layers=2, max_seq_len=600,
+                          attention=tfm.AttentionConfig(n_heads=4, n_kv_heads=2), positions=tfm.RoPE())  # fmt: skip
+    model = tfm.build_model(cfg).eval().to(torch.bfloat16)
+    runner = engines.Torchformer.__new__(engines.Torchformer)
+    runner.model, runner.compile = model, compiled
+    ids = torch.randint(0, 50, (3, 20))
+    req = make_request(model, ids, max_new_tokens=9, attention_mask=None, eos_token_id=None)
+    with torch.no_grad():
+        cache = prefill(model, req, bucketed=compiled).cache
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+    assert runner.cache_bytes(3, 20 + 9 - 1) == held
+    # 2 layers x (k, v) x 2 KV heads x 8 wide x 3 rows x 2 bytes a position: 28 positions (+1 hidden)
+    # eager, the bucket of 256 (+1) compiled
+    assert held == 2 * 2 * 2 * 8 * 3 * 2 * (257 if compiled else 29)
+
+
+def test_the_memory_note_subtracts_weights_and_cache_from_the_peak():
+    sample = {"batches": {}, "rss_mb": 1000.0, "load": 1.0, "held_mb": 600.0, "kv_mb": 64.0}
+    ours = [sample, {**sample, "rss_mb": 990.0}]  # the highest of the rounds counts
+    rows = [{"system": "torchformer bf16 compiled", "engine": "torchformer", "samples": ours},
+            {"system": "llama.cpp F16", "engine": "llama.cpp", "samples": [{"rss_mb": 900.0}]}]  # fmt: skip
+    (note,) = engines.memory_notes(rows)
+    assert note.endswith("torchformer bf16 compiled 336 (weights 600, KV cache 64)") and "target <= 286" in note
