@@ -568,13 +568,18 @@ def measure_once(runner, spec: dict) -> dict:
 
 def worker_main(spec: dict) -> int:
     """Answer the parent's commands on stdin ("warmup", "measure", "quit") with one result line each."""
-    if spec["system"] == "bound":
+    if spec["system"] == "bound":  # one plain read of the bytes per "measure", in the rounds beside the rows
         import torch
 
-        from benchmarks.decode import streaming_bound
+        from benchmarks.decode import streaming_reader
 
         torch.set_num_threads(spec["threads"])
-        print(RESULT + json.dumps({"bound": streaming_bound(spec["bytes"])}), flush=True)
+        read = streaming_reader(spec["bytes"])
+        print(RESULT + json.dumps({"load_s": 0.0, "bytes": spec["bytes"], "note": ""}), flush=True)
+        for line in sys.stdin:
+            if line.strip() == "quit":
+                break
+            print(RESULT + json.dumps({"bound": read(10)}), flush=True)
         return 0
     t0 = time.perf_counter()
     runner = RUNNERS[spec["system"]](spec)
@@ -672,8 +677,10 @@ def worker_specs(shape: str, fmt: str, args, cache: Path, skipped: dict) -> list
     return out
 
 
-def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs: Path) -> list[dict]:
-    """Start the format's workers, warm them up, run the interleaved rounds; one row per worker."""
+def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs: Path, bound: Worker) -> list[dict]:
+    """Start the format's workers, warm them up, run the interleaved rounds; one row per worker.
+    Each round also reads the streaming bound (``bound``, a worker of its own), kept in every
+    row's sample of that round: the host's bandwidth moves by a third within minutes."""
     specs = worker_specs(shape, fmt, args, cache, skipped)
     workers, rows = [], []
     try:
@@ -690,8 +697,10 @@ def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs:
                          "warmup_s": time.perf_counter() - t0, "samples": []})  # fmt: skip
             log(f"{shape} {fmt}: {name} loaded in {hello['load_s']:.1f} s, warmed up in {rows[-1]['warmup_s']:.1f} s")
         for r in range(args.rounds):
-            for w, row in zip(workers, rows):  # interleaved: a slow spell of the machine hits every system
-                row["samples"].append({**w.ask("measure"), "load": os.getloadavg()[0]})
+            samples = [{**w.ask("measure"), "load": os.getloadavg()[0]} for w in workers]  # interleaved
+            reading = bound.ask("measure")["bound"]
+            for row, sample in zip(rows, samples):
+                row["samples"].append({**sample, "bound": reading})
             log(f"{shape} {fmt}: round {r + 1}/{args.rounds} done")
     finally:
         for w in workers:
@@ -699,12 +708,21 @@ def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs:
     return rows
 
 
-def measure_bound(shape: str, n_bytes: int, args, logs: Path) -> float:
-    w = Worker(f"{shape} bound", {"system": "bound", "bytes": n_bytes, "threads": args.threads}, logs)
-    try:
-        return w.read()["bound"]
-    finally:
-        w.stop()
+def bf16_streamed_bytes(shape: str) -> int:
+    """Bytes a batch-1 step of the shape's bf16 model reads (torch_streamed_bytes of it, from the
+    shape's numbers: known before any worker loads it): every weight but the input table, unless
+    the head is that table."""
+    s = SHAPES[shape]
+    h, kv = s["hidden"], s["kv_heads"] * (s["hidden"] // s["heads"])
+    layer = 2 * h * h + 2 * h * kv + 3 * h * s["d_ff"] + 2 * h  # q, o; k, v; gate, up, down; 2 norms
+    return 2 * (s["layers"] * layer + h + s["vocab"] * h)  # + the final norm and the head
+
+
+def bound_worker(shape: str, args, logs: Path) -> Worker:
+    w = Worker(f"{shape} bound", {"system": "bound", "bytes": bf16_streamed_bytes(shape), "threads": args.threads},
+               logs)  # fmt: skip
+    w.read()
+    return w
 
 
 def cells(row: dict, batch: int) -> dict:
@@ -750,8 +768,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             lines.append(
                 f"| {FORMAT_LABEL[r['format']]} | {r['system']} | {b} | {c['prefill_ms']:.0f} | {long_cells}"
                 f"{c['tok_s'] or float('nan'):.1f} | {ratio(c['tok_s'], pc['tok_s']) if pc else '-'} | {long_ratio}"
-                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {gbs / bound:.0%} | {c['rss_mb']:.0f} | {r['warmup_s']:.0f} | "
-                f"{c['load']:.1f} |"
+                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {of_bound(r, b, bound):.0%} | {c['rss_mb']:.0f} | "
+                f"{r['warmup_s']:.0f} | {c['load']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -775,6 +793,17 @@ def memory_notes(rows: list[dict]) -> list[str]:
         return []
     return [f"peak RSS beyond the weights held and the largest KV cache, MiB (target <= {BUDGET_MIB:.0f}): "
             + "; ".join(parts)]  # fmt: skip
+
+
+def of_bound(row: dict, batch: int, bound: float) -> float:
+    """The row's weight reads over the streaming bound at ``batch``: the median over rounds of each
+    round's GB/s over that round's bound reading; ``bound`` for samples without one."""
+    fractions = sorted(
+        row["bytes"] * t / batch / 1e9 / s.get("bound", bound)
+        for s in row["samples"]
+        if (t := s["batches"][str(batch)].get("tok_s"))
+    )
+    return statistics.median(fractions) if fractions else float("nan")
 
 
 def file_kind(row: dict) -> str:
@@ -1070,11 +1099,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
     rows: list[dict] = []
     hf_folder(shape, args.cache)
-    for fmt in args.formats:
-        rows += measure_format(shape, fmt, args, args.cache, skipped, logs)
-    bf16 = next((r["bytes"] for r in rows if r["engine"] == "torchformer" and r["format"] == "bf16"), None)
-    n_bytes = bf16 or max(r["bytes"] for r in rows)
-    bound = measure_bound(shape, n_bytes, args, logs)
+    bound_reader = bound_worker(shape, args, logs)
+    try:
+        for fmt in args.formats:
+            rows += measure_format(shape, fmt, args, args.cache, skipped, logs, bound_reader)
+    finally:
+        bound_reader.stop()
+    readings = [s["bound"] for r in rows for s in r["samples"]]
+    n_bytes, bound = bf16_streamed_bytes(shape), max(readings)
     s = SHAPES[shape]
     title = (
         f"Shape {shape}: {s['layers']} layers, hidden {s['hidden']}, {s['heads']} heads / {s['kv_heads']} KV heads, "
@@ -1085,8 +1117,10 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         f"best of {args.rounds} interleaved round(s) per cell after a warm-up call (warm-up (s): load excluded, "
         "includes torch.compile); decode = tokens after the first / their time, greedy, EOS ignored; "
         f"{args.new_tokens} new tokens after a {args.prompts[0]}-token random prompt",
-        f"streaming bound (benchmarks.decode.streaming_bound over {n_bytes / 1e6:.0f} MB, same run): {bound:.1f} GB/s; "
-        "GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens)",
+        f"streaming bound (benchmarks.decode.streaming_reader over {n_bytes / 1e6:.0f} MB, the bf16 model's bytes, "
+        f"read once in every round beside the rows): {min(readings):.1f}-{bound:.1f} GB/s over the run; GB/s = weights "
+        "read per step x steps/s (at batch 8 a step decodes 8 tokens) in the row's best round; of bound = the "
+        "median over the rounds of the row's GB/s over that round's reading",
         "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
         "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
         f"load: the lowest 1-minute load average read after the row's rounds (the measured worker itself adds up "

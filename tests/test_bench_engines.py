@@ -185,3 +185,33 @@ def test_the_memory_note_subtracts_weights_and_cache_from_the_peak():
             {"system": "llama.cpp F16", "engine": "llama.cpp", "samples": [{"rss_mb": 900.0}]}]  # fmt: skip
     (note,) = engines.memory_notes(rows)
     assert note.endswith("torchformer bf16 compiled 336 (weights 600, KV cache 64)") and "target <= 286" in note
+
+
+@pytest.mark.parametrize("shape", ["toy", "1b"])
+def test_the_bound_reads_the_bf16_models_streamed_bytes(shape):
+    """The bound worker starts before any model loads: its byte count, from the shape's numbers,
+    equals torch_streamed_bytes of the shape's bf16 model (built on the meta device, no memory)."""
+    import torch
+
+    import torchformer as tfm
+
+    s = engines.SHAPES[shape]
+    cfg = tfm.ModelConfig(vocab_size=s["vocab"], d_model=s["hidden"], n_layers=s["layers"], max_seq_len=64,
+                          attention=tfm.AttentionConfig(n_heads=s["heads"], n_kv_heads=s["kv_heads"], bias=False),
+                          block=tfm.BlockConfig(norm="rmsnorm", mlp="swiglu", d_ff=s["d_ff"], bias=False),
+                          positions=tfm.RoPE(), tie_embeddings=s["tied"])  # fmt: skip
+    with torch.device("meta"):
+        model = tfm.build_model(cfg).to(torch.bfloat16)
+    assert engines.bf16_streamed_bytes(shape) == engines.torch_streamed_bytes(model)
+
+
+def test_of_bound_pairs_each_round_with_its_own_reading():
+    """A row read in a slow spell is held against the bound read in that spell: the median of the
+    per-round fractions, not the best speed over the best bound."""
+
+    def sample(tok_s, bound):
+        return {"batches": {"1": {"tok_s": tok_s}}, "bound": bound}
+
+    row = {"bytes": 1e9, "samples": [sample(10.0, 20.0), sample(20.0, 25.0), sample(12.0, 12.0)]}
+    assert engines.of_bound(row, 1, bound=99.0) == pytest.approx(0.8)  # 0.5, 0.8, 1.0
+    assert engines.of_bound({"bytes": 1e9, "samples": [{"batches": {"1": {"tok_s": 5.0}}}]}, 1, 10.0) == 0.5
