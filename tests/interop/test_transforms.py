@@ -40,7 +40,7 @@ def test_half_to_interleaved_moves_pair_partners_next_to_each_other(n_heads, hea
 def test_permuted_rows_rotate_the_same_under_the_other_pairing(head_dim):
     """rotate_interleaved(P x) == P rotate_half(x): why permuted q/k give identical scores."""
     x = torch.randn(2, 3, 5, head_dim)  # (B, H, T, E)
-    cos, sin = RotaryTable(16, head_dim, 10000.0)(torch.arange(5)[None].expand(2, -1))
+    cos, sin = RotaryTable(head_dim, 10000.0)(torch.arange(5)[None].expand(2, -1))
     perm = lambda t: half_to_interleaved(t.movedim(-1, 0), 1).movedim(0, -1)  # noqa: E731
     assert torch.allclose(rotate_interleaved(perm(x), cos, sin), perm(rotate_half(x, cos, sin)), atol=1e-6)
 

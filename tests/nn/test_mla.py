@@ -55,7 +55,7 @@ def explicit(m, x, table, rotation):
 
 @pytest.mark.parametrize(("q_rank", "rotation"), list(itertools.product([None, 16], ["half", "interleaved"])))
 def test_expanded_equals_explicit_heads(q_rank, rotation):
-    m, table = mla(q_rank, rotation=rotation), RotaryTable(64, R, 10000.0)
+    m, table = mla(q_rank, rotation=rotation), RotaryTable(R, 10000.0)
     x = torch.randn(2, 9, D)
     pos = torch.arange(9)[None].expand(2, 9)
     torch.testing.assert_close(m(x, context(table, pos)), explicit(m, x, table, rotation), atol=1e-5, rtol=1e-5)
@@ -67,7 +67,7 @@ GRID = list(itertools.product([None, 16], ["math", "sdpa"], ["half", "interleave
 @pytest.mark.parametrize(("q_rank", "backend", "rotation", "bias"), GRID)
 def test_cached_absorbed_equals_uncached(q_rank, backend, rotation, bias):
     """Prefill 5 tokens, then 4 one at a time, through the latent cache == one full forward."""
-    m, table = mla(q_rank, backend, rotation, bias), RotaryTable(64, R, 10000.0)
+    m, table = mla(q_rank, backend, rotation, bias), RotaryTable(R, 10000.0)
     B, T, P, S = 3, 9, 5, 16
     x = torch.randn(B, T, D)
     full = m(x, context(table, torch.arange(T)[None].expand(B, T)))
@@ -81,6 +81,6 @@ def test_cached_absorbed_equals_uncached(q_rank, backend, rotation, bias):
 
 def test_gradients_flow_through_every_weight():
     m = mla(16).train()
-    table = RotaryTable(64, R, 10000.0)
+    table = RotaryTable(R, 10000.0)
     m(torch.randn(2, 6, D), context(table, torch.arange(6)[None].expand(2, 6))).square().sum().backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())

@@ -58,7 +58,7 @@ def scores(rotate, q, k, qpos, kpos, table):
 
 @pytest.mark.parametrize("pairing", ["half", "interleaved"])
 def test_rope_scores_depend_only_on_the_offset(pairing):
-    rotate, table = ROTATIONS[pairing], RotaryTable(256, 16, 10000.0)
+    rotate, table = ROTATIONS[pairing], RotaryTable(16, 10000.0)
     q, k = torch.randn(1, 3, 1, 16), torch.randn(1, 3, 1, 16)
     ref = scores(rotate, q, k, 5, 2, table)
     for m, n in [(20, 17), (3, 0), (200, 197), (103, 100)]:
@@ -76,7 +76,7 @@ def test_rope_rows_are_float64_angles_rounded_once_and_no_table_is_held():
     positions up to Llama 3's last (131071), with an attention factor; the module holds the E/2
     frequencies, not a table of every position (32 MiB for 131072 positions of 64 features)."""
     E, base, factor = 64, 500000.0, 1.25
-    table = RotaryTable(131072, E, base, attention_factor=factor)
+    table = RotaryTable(E, base, attention_factor=factor)
     assert sum(b.numel() for b in table.buffers()) == E // 2
     pos = torch.tensor([[0, 1, 4097, 131071], [5, 70000, 3, 2]])
     c, s = table(pos)
@@ -93,7 +93,7 @@ def test_rope_rows_are_float64_angles_rounded_once_and_no_table_is_held():
 def test_rope_frequencies_stay_float64_when_the_model_is_cast():
     """A cast of the whole model (bf16, fp16) leaves the rotation as it was: the frequencies are
     float64 again after it, and the rows equal the uncast module's."""
-    table = RotaryTable(4096, 16, 10000.0, attention_factor=1.1)
+    table = RotaryTable(16, 10000.0, attention_factor=1.1)
     pos = torch.tensor([[0, 7, 1000, 4095]])
     before = table(pos)
     for cast in (torch.bfloat16, torch.float16, torch.float32):
@@ -106,7 +106,7 @@ def test_rope_frequencies_stay_float64_when_the_model_is_cast():
 
 def test_rope_pairings_differ_by_a_feature_permutation():
     """interleaved(x)[perm] == half(x[perm]) with perm = evens then odds."""
-    table = RotaryTable(64, 8, 10000.0)
+    table = RotaryTable(8, 10000.0)
     x = torch.randn(2, 3, 5, 8)
     c, s = table(torch.arange(5)[None])
     perm = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])

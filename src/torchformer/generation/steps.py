@@ -16,6 +16,7 @@ from torch import Tensor
 from ..fast import exported
 from ..fast.compiled import compile_step, cpp_host, cpp_wrapper_setting
 from ..nn.kv_cache import KVCache
+from ..nn.rope_scaling import one_rule_length
 from .request import Request
 
 
@@ -77,8 +78,8 @@ def prompt_hidden(model, ids: Tensor, pos: Tensor, mask: Tensor | None, cache: K
     prompt's rule, as transformers does: such a prompt runs whole."""
     B, T = ids.shape
     step = max(1, PREFILL_ROWS.get(ids.device.type, PREFILL_ROWS_ELSEWHERE) // B)
-    original = min((n for m in model.modules() if (n := getattr(m, "relative_up_to", None)) is not None), default=T)
-    if original < T:
+    limit = one_rule_length(model) if step < T else None  # the model is walked only for a prompt to cut
+    if limit is not None and limit < T:
         step = T
     for start in range(0, T, step):
         part = slice(start, start + step)

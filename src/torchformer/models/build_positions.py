@@ -74,14 +74,13 @@ def rotary(cfg: ModelConfig, rope: RoPE | None | object = _MODEL) -> tuple[nn.Mo
 
 def rope_table(cfg: ModelConfig, dim: int, rope: RoPE | None = None) -> nn.Module:
     """cos/sin rows over ``dim`` rotated features, one entry per scaling scheme (formulas in
-    nn/rope_scaling.py). Static schemes precompute a table; dynamic and longrope follow the length."""
+    nn/rope_scaling.py). Static schemes fix their frequencies; dynamic and longrope follow the length."""
     rope = cfg.positions if rope is None else rope
     n, base, s = cfg.max_seq_len, rope.base, rope.scaling
     table = {
-        type(None): lambda: RotaryTable(n, dim, base),
-        LinearScaling: lambda: RotaryTable(n, dim, base, inv_freq=linear_inv_freq(dim, base, s.factor)),
+        type(None): lambda: RotaryTable(dim, base),
+        LinearScaling: lambda: RotaryTable(dim, base, inv_freq=linear_inv_freq(dim, base, s.factor)),
         Llama3Scaling: lambda: RotaryTable(
-            n,
             dim,
             base,
             inv_freq=llama3_inv_freq(
@@ -89,7 +88,6 @@ def rope_table(cfg: ModelConfig, dim: int, rope: RoPE | None = None) -> nn.Modul
             ),
         ),
         YaRN: lambda: RotaryTable(
-            n,
             dim,
             base,
             inv_freq=yarn_inv_freq(

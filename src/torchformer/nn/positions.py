@@ -96,15 +96,14 @@ class RotaryTable(nn.Module):
     """
 
     def __init__(
-        self, max_len: int, head_dim: int, base: float, *, inv_freq: Tensor | None = None, attention_factor: float = 1.0
+        self, head_dim: int, base: float, *, inv_freq: Tensor | None = None, attention_factor: float = 1.0
     ) -> None:
         super().__init__()
-        self.args = (max_len, head_dim, base, inv_freq, attention_factor)
-        self.factor = attention_factor
+        self.given, self.factor = (head_dim, base, inv_freq), attention_factor
         self.reset_buffers()
 
     def reset_buffers(self, device: torch.device | None = None) -> None:
-        _, head_dim, base, inv_freq, _ = self.args
+        head_dim, base, inv_freq = self.given
         if inv_freq is None:
             inv_freq = default_inv_freq(head_dim, base)  # (E/2,)
         self.register_buffer("inv_freq", placed(inv_freq.double(), device), persistent=False)

@@ -100,6 +100,13 @@ def _cos_sin(pos: Tensor, inv_freq: Tensor, factor: float) -> tuple[Tensor, Tens
     return (angles.cos() * factor).unsqueeze(1), (angles.sin() * factor).unsqueeze(1)  # (B, 1, T, E/2)
 
 
+def one_rule_length(model: nn.Module) -> int | None:
+    """The longest input a model's RoPE rotates by one rule whatever its length: the smallest
+    ``relative_up_to`` (the original length) of its length-following tables (dynamic NTK,
+    LongRoPE), None where it has none. Beyond it the rotation depends on the whole input's length."""
+    return min((n for m in model.modules() if (n := getattr(m, "relative_up_to", None)) is not None), default=None)
+
+
 class DynamicNTKTable(nn.Module):
     """cos/sin with the dynamic-NTK base for the current length (largest position + 1).
 

@@ -9,6 +9,7 @@ import torch
 from ..configs import ALiBi, RelativeBias, RoPE
 from ..nn.backends import math_attention, sdpa_attention
 from ..nn.moe import MoEMLP
+from ..nn.rope_scaling import one_rule_length
 from .probes import PAD, Runner, backends_set_to, rel_diff
 from .report import Row, judged, not_applicable
 
@@ -182,8 +183,8 @@ def relative_room(r: Runner) -> int:
     """The longest length whose outputs depend only on offsets: max_seq_len, or less for RoPE
     tables that choose frequencies by the current length (dynamic NTK, LongRoPE: up to their
     original length, ``relative_up_to``)."""
-    limits = [getattr(m, "relative_up_to", None) for m in r.model.modules()]
-    return min([r.cfg.max_seq_len, *(n for n in limits if n is not None)])
+    limit = one_rule_length(r.model)
+    return r.cfg.max_seq_len if limit is None else min(r.cfg.max_seq_len, limit)
 
 
 def rope_offset_error(r: Runner) -> float:
