@@ -368,23 +368,32 @@ class Torchformer:
 
 
 def torch_held_bytes(model) -> int:
-    """Bytes of the model's weights as held: its parameters (tied ones once) and the quantized
-    projections' buffers (the kernels' panels and scales). Counted from the modules' own tensors,
-    never through state_dict: a panel module's state_dict builds its portable copy
-    (fast/quant_panels.py), which put ~2 GB of temporaries into the 1B shape's measured peak RSS."""
+    """Bytes of the model's weights as held: its parameters (tied ones once), the quantized
+    projections' buffers (the kernels' panels and scales) and a token table a GGUF file keeps mapped
+    (interop/gguf/table.py: its rows as stored). Counted from the modules' own tensors, never through
+    state_dict: a panel module's state_dict builds its portable copy (fast/quant_panels.py), which
+    put ~2 GB of temporaries into the 1B shape's measured peak RSS."""
     from torchformer.nn.quant import QuantLinear
 
     held = {id(t): t for t in model.parameters()}
     for m in model.modules():
         if isinstance(m, QuantLinear):
             held.update((id(b), b) for b in m.buffers(recurse=False) if b is not None)
+    table = input_table(model)
+    held[id(table)] = table
     return sum(t.numel() * t.element_size() for t in held.values())
+
+
+def input_table(model):
+    """The input embedding's stored table: its weight, or the file's rows a mapped GGUF table reads."""
+    tok = model.embed.tok
+    return tok.raw if hasattr(tok, "raw") else tok.weight
 
 
 def torch_streamed_bytes(model) -> int:
     """Bytes a one-token step reads: the weights held, less the input embedding table unless the
     head reads it whole (tied; benchmarks.decode.streamed_bytes assumes an untied head)."""
-    table = model.embed.tok.weight
+    table = input_table(model)
     tied = getattr(model.lm_head, "weight", None) is table
     return torch_held_bytes(model) - (0 if tied else table.numel() * table.element_size())
 

@@ -26,6 +26,7 @@ import torch
 from tests.decoding import assert_varied
 from torchformer.fast import formats
 from torchformer.interop.gguf import from_gguf
+from torchformer.interop.gguf.table import MappedTable
 from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.nn.quant_min import Int4MinLinear
 
@@ -156,7 +157,8 @@ def test_quantized_projections_are_our_modules_equal_to_ggufs_dequantization(kin
 def test_a_tied_head_runs_the_tables_bytes_as_stored_and_the_lookup_the_same_numbers(kind, group):
     """A tied model's table (token_embd, no output.weight) is both the lookup and the head: the head
     gets its own quantized module over the file's bytes (a decode step reads them as stored, not a
-    float32 table 4-5x their size), the lookup a float table of the same numbers."""
+    float32 table 4-5x their size), the lookup reads the file's rows where they lie (a MappedTable:
+    no float copy of the table), both the same numbers; its state dict holds the float table."""
     import gguf
 
     path = gguf_file("llama-tied", kind)
@@ -166,7 +168,17 @@ def test_a_tied_head_runs_the_tables_bytes_as_stored_and_the_lookup_the_same_num
     model = from_gguf(path)
     assert isinstance(model.lm_head, Int8Linear) and model.lm_head.group_size == group
     assert torch.equal(model.lm_head.dequantized(), expected)
-    assert torch.equal(model.embed.tok.weight, expected) and model.embed.tok.weight.dtype == torch.float32
+    table = model.embed.tok
+    assert isinstance(table, MappedTable) and table.kind == t.tensor_type.name
+    assert not any(p.shape == expected.shape for p in model.parameters())  # no float table held
+    ids = torch.arange(expected.shape[0]).flip(0).view(2, -1)
+    assert torch.equal(table(ids), expected[ids]) and table(ids).dtype == torch.float32
+    assert torch.equal(model.state_dict()["embed.tok.weight"], expected)
+    # a float load (quantized=False) keeps the ordinary table, the same numbers
+    plain = from_gguf(path, quantized=False)
+    assert isinstance(plain.embed.tok, torch.nn.Embedding) and torch.equal(plain.embed.tok.weight, expected)
+    with torch.no_grad():
+        assert torch.equal(model.embed(ids, ids), plain.embed(ids, ids))
 
 
 # GGUF tensor kind -> our module's path in a block

@@ -63,7 +63,7 @@ class DecoderLM(nn.Module):
         """A static cache for ``batch_size`` rows of up to ``max_len`` positions."""
         # dtype and device from the token table: the head may be quantized (integer weights).
         return new_self_cache(
-            self.config, self.embed.tok.weight, len(self.stack.blocks), batch_size, max_len, dtype, self.kv_shards
+            self.config, self.embed.like(), len(self.stack.blocks), batch_size, max_len, dtype, self.kv_shards
         )
 
 

@@ -46,6 +46,11 @@ class Embeddings(nn.Module):
         self.multiply = times if multiply is None else multiply
         self.token_types, self.norm, self.drop = token_types, norm, dropout
 
+    def like(self) -> Tensor:
+        """A tensor of the rows' dtype and device: the table's, or what a table kept quantized gives
+        for its rows (interop/gguf/table.py)."""
+        return self.tok.like if hasattr(self.tok, "like") else self.tok.weight
+
     def forward(self, ids: Tensor, pos: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         x = self.multiply(self.tok(ids), self.scale) if self.scale != 1.0 else self.tok(ids)  # (B, T, D)
         if self.absolute is not None:

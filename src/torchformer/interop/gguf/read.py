@@ -6,7 +6,8 @@ every tensor the model needs against the file (present, shaped as the config say
 over). Names go ours -> Hugging Face (the family's key map, on the meta-device model) -> GGUF
 (gguf's TensorNameMap, the converter's own table). Loading then reads each tensor once: Q4_0,
 Q8_0, Q6_K and Q4_K projections become quantized modules holding the file's numbers
-(weights.QUANTIZED_LINEARS), the rest are floats in ``dtype``.
+(weights.QUANTIZED_LINEARS), a token table in one of those types stays mapped and is dequantized a
+looked-up row at a time (table.py), the rest are floats in ``dtype``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ...nn.quant import QuantLinear
 from ..hf import FAMILIES
 from .archs import AUX_TENSORS, EXPERT, JOINED, arch_of, gguf_name, hf_config, name_table, row_transforms
 from .container import FLOAT_TYPES, GGUFFile, open_gguf
+from .table import ROWS, MappedTable, mapped_rows
 from .weights import QUANTIZED_LINEARS, float_tensor, raw_rows
 
 logger = logging.getLogger(__name__)
@@ -78,9 +80,10 @@ def from_gguf(
     F32/F16/BF16 tensors load as floats in ``dtype`` (default float32, the precision llama.cpp
     computes in on a CPU); Q4_0 / Q8_0 / Q6_K / Q4_K projections load into Int4Linear / Int8Linear
     (group 32; Q6_K: 16) / Int4MinLinear (the file's numbers, no float copy); other quantized types
-    are dequantized to ``dtype`` at load (logged). quantized=False dequantizes those too (a float
-    model, e.g. to write a Hugging Face folder). Any problem with the file is one ValueError before
-    a weight is read.
+    are dequantized to ``dtype`` at load (logged). A token table of those four types (or Q5_0) stays
+    mapped from the file and is dequantized as rows are looked up (table.py). quantized=False
+    dequantizes those too (a float model, e.g. to write a Hugging Face folder). Any problem with the
+    file is one ValueError before a weight is read.
     """
     if not isinstance(quantized, bool):
         raise TypeError(f"quantized={quantized!r}: must be True or False")
@@ -106,7 +109,10 @@ def from_gguf(
             return whole.reshape(theirs[hf_name].shape).to(dtype)
         return float_tensor(f, names[hf_name], rows(hf_name), dtype, tuple(theirs[hf_name].shape))
 
-    quantized = _quantized_modules(f, model, keymap, names, rows, dtype, set(experts)) if quantized else {}
+    keep = quantized
+    quantized = _quantized_modules(f, model, keymap, names, rows, dtype, set(experts)) if keep else {}
+    if keep:  # after the head: a tied one is made from the table's bytes first
+        quantized.update(_mapped_table(f, model, keymap, names, dtype))
     rest = [n for n in theirs if n not in quantized]
     state = keymap.to_ours(rest, tensor).tensors
     assert set(state) | {k for ks in quantized.values() for k in ks} == set(ours), "a tensor was left unloaded"
@@ -199,6 +205,25 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
     return done
 
 
+def _mapped_table(f: GGUFFile, model: nn.Module, keymap, names, dtype) -> dict[str, tuple[str, ...]]:
+    """The input token table as a MappedTable over the file's rows when they are of a type
+    table.ROWS decodes and nothing else reads the table as floats (a float head tied to it). Returns
+    {HF name: the state key it filled} or {}."""
+    embed = getattr(model, "embed", None)
+    tok = getattr(embed, "tok", None)
+    if not isinstance(tok, nn.Embedding) or getattr(getattr(model, "lm_head", None), "weight", None) is tok.weight:
+        return {}
+    plain = keymap.to_theirs({"embed.tok.weight": tok.weight}).tensors
+    hf_name = next(iter(plain), None)
+    if len(plain) != 1 or plain[hf_name] is not tok.weight or hf_name not in names:
+        return {}  # transformed by the key map, or not the file's own tensor: loaded as floats
+    g = names[hf_name]
+    if f.type_name(g) not in ROWS or f.torch_shape(g) != tuple(tok.weight.shape):
+        return {}
+    embed.tok = MappedTable(mapped_rows(f, g), f.type_name(g), tok.embedding_dim, dtype)
+    return {hf_name: ("embed.tok.weight",)}
+
+
 def _tied_source(model: nn.Module, keymap, head: nn.Linear) -> str | None:
     """The file's (HF) name of the tensor a tied head shares with the input embedding, or None."""
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -217,9 +242,9 @@ def _log_dequantized(f: GGUFFile, names: dict[str, str], quantized: dict) -> Non
         )
     if quantized:
         kept = Counter(f.type_name(names[n]) for n, v in quantized.items() if v)
-        logger.info("%s: projections loaded as stored (Q4_0: Int4Linear, Q8_0 / Q5_0 / Q6_K: Int8Linear group "
-                    "32 / 32 / 16, run from 5 / 6 bits a weight for Q5_0 / Q6_K where the kernels are built, Q4_K: "
-                    "Int4MinLinear): %s", f.path, dict(kept))  # fmt: skip
+        logger.info("%s: projections loaded as stored, a token table mapped (Q4_0: Int4Linear, Q8_0 / Q5_0 / "
+                    "Q6_K: Int8Linear group 32 / 32 / 16, run from 5 / 6 bits a weight for Q5_0 / Q6_K where the "
+                    "kernels are built, Q4_K: Int4MinLinear): %s", f.path, dict(kept))  # fmt: skip
 
 
 def _record_quantization(model: nn.Module) -> None:

@@ -52,20 +52,26 @@ from .container import FLOAT_TYPES, GGUFFile, gguf_module
 Q4_0_GROUP = Q8_0_GROUP = Q4_K_GROUP = 32
 Q6_K_GROUP = 16
 QK_K = 256  # inputs per K-quant super-block
+COPY_CHUNK = 16 << 20  # bytes of a tensor copied out of the file's mapping at a time (raw_rows)
 
 
 def raw_rows(f: GGUFFile, name: str) -> Tensor:
     """A tensor's stored bytes or values as a torch tensor, one row per output row; a copy (the
-    reader maps the file read-only, and a model owns its weights)."""
+    reader maps the file read-only, and a model owns its weights), made COPY_CHUNK bytes at a time,
+    each chunk's file pages leaving this process's resident set once copied (a later read faults
+    them back in from the file): a load held the whole file besides the model it made, and a whole
+    tensor's pages beside its copy (a 1B shape's Q8_0 table: +266 MiB of peak)."""
     data = np.asarray(f.tensors[name].data)
+    flat = data.reshape(-1).view(np.uint8)
+    out = torch.empty(flat.nbytes, dtype=torch.uint8)
+    dest = out.numpy()
+    for start in range(0, flat.nbytes, COPY_CHUNK):
+        part = flat[start : start + COPY_CHUNK]
+        dest[start : start + part.nbytes] = part
+        release_mapped_range(part.ctypes.data, part.ctypes.data + part.nbytes)
     if f.type_name(name) == "BF16":  # stored as raw 16-bit words
-        out = torch.from_numpy(data.view(np.int16).copy()).view(torch.bfloat16).reshape(f.torch_shape(name))
-    else:
-        out = torch.from_numpy(data.copy())
-    # The file's pages just read leave this process's resident set (a later read faults them back
-    # in from the file): a load held the whole file besides the model it made.
-    release_mapped_range(data.ctypes.data, data.ctypes.data + data.nbytes)
-    return out
+        return out.view(torch.bfloat16).reshape(f.torch_shape(name))
+    return out.view(torch.from_numpy(np.empty(0, dtype=data.dtype)).dtype).reshape(data.shape)
 
 
 def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
