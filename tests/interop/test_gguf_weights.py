@@ -100,3 +100,53 @@ def test_a_tensor_loaded_as_floats_is_dequantized_a_block_of_rows_at_a_time(monk
     out = weights.float_tensor(File, "t", torch.from_numpy(stored.copy()), torch.bfloat16, (7, 512))
     expected = torch.from_numpy(gguf.quants.dequantize(stored, kind_id).astype(np.float32)).to(torch.bfloat16)
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
+
+
+# Random blocks per type (finite f16 scales) for the block-by-block assembly below.
+SCALE_BYTES = {"Q8_0": [(0, 2)], "Q4_0": [(0, 2)], "Q5_0": [(0, 2)], "Q6_K": [(208, 210)], "Q4_K": [(0, 2), (2, 4)]}
+BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q5_0": (32, 22), "Q6_K": (256, 210), "Q4_K": (256, 144)}
+
+
+def random_file_rows(kind, n, k, seed=0):
+    per, size = BLOCK[kind]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
+    for a, b in SCALE_BYTES[kind]:
+        blocks[..., a:b] = (rng.standard_normal((n, k // per, 1)) * 1e-2).astype(np.float16).view(np.uint8)
+    return blocks.reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind", list(BLOCK))
+def test_a_projection_assembled_a_block_of_rows_at_a_time_equals_the_whole(monkeypatch, kind):
+    """weights.assembled (the load's memory: the whole portable module beside its panels held the
+    largest tensor twice): with blocks of 32 rows, the loader never sees every row at once, and the
+    module is the one made from the whole matrix (panels, scales, bits, bias), gguf's numbers."""
+    from torchformer.interop.gguf import weights
+
+    n, k = 72, 512  # 3 blocks of 32 rows (row_blocks keeps multiples of 16), the last short
+    rows = torch.from_numpy(random_file_rows(kind, n, k).copy())
+    load = QUANTIZED_LINEARS[kind][0]
+    bias = torch.randn(n)
+    whole = formats.prepared(load(rows, (n, k), bias))
+    seen = []
+
+    def spy(raw, shape, b):
+        seen.append(shape[0])
+        return load(raw, shape, b)
+
+    monkeypatch.setattr(quant, "BLOCK_BYTES", 32 * 4 * k)  # row_blocks: 32 rows of float32
+    module = weights.assembled(spy, rows, (n, k), bias)
+    assert type(module) is type(whole)
+    expected = torch.from_numpy(gguf.quants.dequantize(rows.numpy(), getattr(gguf.GGMLQuantizationType, kind)))
+    assert torch.equal(module.dequantized(), expected) and torch.equal(module.bias, bias)
+    state = dict(module.named_buffers())
+    assert state.keys() == dict(whole.named_buffers()).keys()
+    for name, t in whole.named_buffers():
+        assert t.dtype == state[name].dtype and torch.equal(t, state[name]), name
+    assert getattr(module, "bits", None) == getattr(whole, "bits", None)
+    assert getattr(module, "super_group", 0) == getattr(whole, "super_group", 0)
+    if formats.ops_ready():
+        assert max(seen) < n, seen  # never the whole matrix at once
+        x = torch.randn(3, k)
+        with torch.no_grad():
+            assert torch.equal(module(x), whole(x))

@@ -178,3 +178,21 @@ def test_k_quant_exports_by_llama_cpps_quantizer(tmp_path, kind):
     out = tmp_path / "cli.gguf"
     assert main(["convert", "--to-gguf", str(hf_folder("qwen3")), "--out", str(out), "--outtype", kind]) == 0
     assert {t.tensor_type.name for t in gguf.GGUFReader(out).tensors} == types
+
+
+def test_a_weights_load_leaves_the_vocabulary_out_and_reads_the_same_config(tmp_path):
+    """from_gguf reads the file without the vocabulary's arrays (open_gguf(vocabulary=False): a
+    Llama 3 file's ~120 MiB of Python lists held through the load): their lengths stay, the config
+    is the one read with them."""
+    from torchformer.interop.gguf.container import VOCABULARY, open_gguf
+
+    model, tok = source("llama")
+    path = to_gguf(model, tmp_path / "m.gguf", dtype="f16", tokenizer=tok)
+    full, lean = open_gguf(path), open_gguf(path, vocabulary=False)
+    assert "tokenizer.ggml.tokens" in full.meta and not set(VOCABULARY) & set(lean.meta)
+    for key in VOCABULARY:
+        assert lean.length(key) == full.length(key)
+    assert lean.length("tokenizer.ggml.tokens") == len(full.meta["tokenizer.ggml.tokens"]) == model.config.vocab_size
+    from torchformer.interop.gguf.archs import hf_config
+
+    assert hf_config(lean) == hf_config(full)

@@ -234,7 +234,10 @@ class Int8Panels(PanelLinear, Int8Linear):
         self.register_buffer("scale", stream_zeros((P, K // (group_size or K), LANES), torch.float32), persistent=False)
 
     def fill(self, source: QuantLinear) -> None:
-        bits = low.low_bits(source.values(slice(None))[0], self.in_features, self.group_size or self.in_features)
+        K, G = self.in_features, self.group_size or self.in_features
+        # block by block: a source that decodes its rows as asked (interop/gguf/weights.py FileRows)
+        # never makes the whole matrix at once
+        bits = max(low.low_bits(source.values(rows)[0], K, G) for rows in row_blocks(self.out_features, K, LANES))
         if bits != self.bits:  # (P, K / 4, 16, 4), or (P, K / KL * lines, 16, 4) (low_lines)
             self.bits, P, K = bits, self.panels.shape[0], self.in_features
             lines = K // 4 if bits == 8 else K // low.LOW_INPUTS[bits] * (low.LOW_INPUTS[bits] // 8 + 1)

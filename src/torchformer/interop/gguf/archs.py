@@ -210,7 +210,7 @@ def hf_config(f: GGUFFile) -> dict:
     key = lambda k, default=None: f.get(f"{name}.{k}", default)  # noqa: E731
     n_heads = f.require(f"{name}.attention.head_count")
     d = f.require(f"{name}.embedding_length")
-    vocab = key("vocab_size") or len(f.get("tokenizer.ggml.tokens") or []) or f.torch_shape("token_embd.weight")[0]
+    vocab = key("vocab_size") or f.length("tokenizer.ggml.tokens") or f.torch_shape("token_embd.weight")[0]
     hf = {
         "model_type": arch.model_type,
         "vocab_size": vocab,

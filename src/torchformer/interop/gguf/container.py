@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class GGUFFile:
     path: Path
     meta: dict[str, Any]
     tensors: dict[str, Any]
+    lengths: dict[str, int] = field(default_factory=dict)  # arrays left out of meta (open_gguf's vocabulary)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(key, default)
@@ -50,14 +51,24 @@ class GGUFFile:
     def type_name(self, name: str) -> str:
         return self.tensors[name].tensor_type.name
 
+    def length(self, key: str) -> int:
+        """How many elements the array ``key`` holds (0 where the file has none), read or left out."""
+        return len(self.meta[key] or []) if key in self.meta else self.lengths.get(key, 0)
+
 
 def gguf_module():
     return require("gguf", extra="gguf")
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
+# The vocabulary's arrays: a Llama 3 file's 128256 tokens and types and 280147 merges, ~120 MiB as
+# Python lists (and the reader's fragments around them) that a load of the weights never reads.
+VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.scores")
+
+
+def open_gguf(path: str | os.PathLike, vocabulary: bool = True) -> GGUFFile:
     """Parse ``path``; a missing, truncated or foreign file, a tensor count that does not match the
-    header or a tensor type we cannot load is one ValueError naming the file."""
+    header or a tensor type we cannot load is one ValueError naming the file. vocabulary=False
+    leaves the VOCABULARY arrays out of ``meta`` (their lengths stay: ``GGUFFile.length``)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such GGUF file")
@@ -66,7 +77,9 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
         reader = gguf.GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError, EOFError) as err:
         raise ValueError(f"{path} is not a readable GGUF file (truncated or corrupt?): {err}") from None
-    meta = {key: _value(field, gguf) for key, field in reader.fields.items()}
+    skipped = () if vocabulary else VOCABULARY
+    meta = {key: _value(f, gguf) for key, f in reader.fields.items() if key not in skipped}
+    lengths = {key: len(f.data) for key, f in reader.fields.items() if key in skipped}
     tensors = {t.name: t for t in reader.tensors}
     count = meta.get("GGUF.tensor_count")
     unnamed = [i for i, t in enumerate(reader.tensors) if not t.name.isprintable() or not t.name.strip()]
@@ -84,7 +97,7 @@ def open_gguf(path: str | os.PathLike) -> GGUFFile:
     bad = sorted({t.tensor_type.name for t in reader.tensors} - set(SUPPORTED_TYPES))
     if bad:
         raise ValueError(f"{path}: tensor types {bad} are not supported; supported: {list(SUPPORTED_TYPES)}")
-    return GGUFFile(path, meta, tensors)
+    return GGUFFile(path, meta, tensors, lengths)
 
 
 def _value(field, gguf):

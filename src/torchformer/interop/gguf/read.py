@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ...configs import ModelConfig
-from ...fast.formats import prepare, prepared
+from ...fast.formats import prepare
 from ...host_memory import trim
 from ...models.build import QUANT_LINEARS
 from ...models.quantize import Quantization, targets
@@ -30,13 +30,13 @@ from ..hf import FAMILIES
 from .archs import AUX_TENSORS, EXPERT, JOINED, arch_of, gguf_name, hf_config, name_table, row_transforms
 from .container import FLOAT_TYPES, GGUFFile, open_gguf
 from .table import ROWS, MappedTable, mapped_rows
-from .weights import QUANTIZED_LINEARS, float_tensor, raw_rows
+from .weights import QUANTIZED_LINEARS, assembled, float_tensor, mapped_view, raw_rows
 
 logger = logging.getLogger(__name__)
 
 
 def _plan(path: str | os.PathLike) -> tuple[GGUFFile, dict, object, ModelConfig]:
-    f = open_gguf(path)
+    f = open_gguf(path, vocabulary=False)  # the weights' load never reads the tokenizer's arrays
     hf = hf_config(f)
     family = FAMILIES[hf["model_type"]]
     try:
@@ -97,9 +97,9 @@ def from_gguf(
     names, experts, joined = _gguf_names(f, theirs)
     undo = row_transforms(arch_of(f)[0], hf, to_gguf=False)
 
-    def rows(hf_name: str) -> Tensor:
+    def rows(hf_name: str, mapped: bool = False) -> Tensor:
         g = names[hf_name]
-        raw = undo.get(g.split(".")[-2], lambda t: t)(raw_rows(f, g))
+        raw = undo.get(g.split(".")[-2], lambda t: t)((mapped_view if mapped else raw_rows)(f, g))
         return raw[experts[hf_name]] if hf_name in experts else raw  # one expert's rows of the stacked tensor
 
     def tensor(hf_name: str) -> Tensor:
@@ -192,9 +192,10 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
             bias, filled = float_tensor(f, names[hf_bias], rows(hf_bias), dtype, shape), (weight, f"{name}.bias")
             done[hf_bias] = ()
         load = QUANTIZED_LINEARS[f.type_name(names[hf_name])][0]
-        # Into the kernels' panels at once (fast/formats.py prepared): holding every projection in
-        # the portable layout until the end held the model twice over at the load's peak.
-        module = prepared(load(rows(hf_name), tuple(lin.weight.shape), bias))
+        # Into the kernels' panels at once, a block of the file's rows at a time (weights.assembled):
+        # holding every projection in the portable layout until the end held the model twice over
+        # at the load's peak, and one whole tensor's copies its size twice over.
+        module = assembled(load, rows(hf_name, mapped=True), tuple(lin.weight.shape), bias)
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
         # A tied head gets its own module over the file's bytes, as tfm.quantize gives it its own

@@ -38,20 +38,23 @@ topped by the 2 spare bits of bytes j / 4 + j.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ...fast.formats import fits
 from ...fast.two_level import TwoLevel
-from ...host_memory import release_mapped_range
-from ...nn.quant import Int4Linear, Int8Linear, row_blocks
+from ...host_memory import file_mappings, release_mapped_range, trim
+from ...nn.quant import Int4Linear, Int8Linear, QuantLinear, row_blocks
 from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
 
 Q4_0_GROUP = Q8_0_GROUP = Q4_K_GROUP = 32
 Q6_K_GROUP = 16
 QK_K = 256  # inputs per K-quant super-block
+TRIM_EVERY = 4  # FileRows blocks between trims
 COPY_CHUNK = 16 << 20  # bytes of a tensor copied out of the file's mapping at a time (raw_rows)
 
 
@@ -72,6 +75,14 @@ def raw_rows(f: GGUFFile, name: str) -> Tensor:
     if f.type_name(name) == "BF16":  # stored as raw 16-bit words
         return out.view(torch.bfloat16).reshape(f.torch_shape(name))
     return out.view(torch.from_numpy(np.empty(0, dtype=data.dtype)).dtype).reshape(data.shape)
+
+
+def mapped_view(f: GGUFFile, name: str) -> Tensor:
+    """A tensor's stored bytes or values over the reader's read-only mapping of the file, no copy:
+    for a loader that copies what it keeps (assembled), never for a model's own weights."""
+    with warnings.catch_warnings():  # read-only: torch warns that writing to it is undefined
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(np.asarray(f.tensors[name].data))
 
 
 def float_tensor(f: GGUFFile, name: str, rows: Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> Tensor:
@@ -203,3 +214,64 @@ QUANTIZED_LINEARS = {
     "Q6_K": (q6_k_linear, "int8"),
     "Q4_K": (q4_k_linear, "int4"),
 }
+
+
+class FileRows:
+    """A quantized projection as its loader over blocks of the file's rows: ``values(rows)`` decodes
+    those rows only (the portable module of them), and the rows' file pages leave the resident set
+    once decoded, so a kernel twin filled from it (fast/quant_panels.py ``PanelLinear.fill``) is
+    made a block of rows at a time. The twin's fill calls ``values`` over every block in order; the
+    blocks' two-level scales (K-quants) are joined as they come, for its ``compact_scales``."""
+
+    def __init__(self, load, raw: Tensor, shape: tuple[int, int], bias: Tensor | None) -> None:
+        self.load, self.raw, self.bias = load, raw, bias
+        self.out_features, self.in_features = shape
+        self.sample = load(raw[:1], (1, shape[1]), None)  # one row: the module type and group
+        self.group_size = self.sample.group_size
+        self.parts: dict[str, dict[int, TwoLevel]] = {}
+        self.calls = 0
+        self.mappings = file_mappings()  # read once: release_mapped_range would read them every block
+
+    def values(self, rows: slice) -> tuple[Tensor, ...]:
+        # The last blocks' temporaries, freed by now, go back to the kernel every TRIM_EVERY blocks:
+        # glibc keeps freed blocks of a few MB in its heap, and a head's hundred blocks left ~170 MiB
+        # there (1B, Q6_K); a trim every block made the load ~40% slower.
+        self.calls += 1
+        if self.calls % TRIM_EVERY == 0:
+            trim()
+        block = self.raw[rows]
+        part = self.load(block, (block.shape[0], self.in_features), None)
+        for name in ("scale_parts", "minimum_parts"):
+            if getattr(part, name, None) is not None:
+                self.parts.setdefault(name, {})[rows.start] = getattr(part, name)
+        if block.is_contiguous():
+            release_mapped_range(block.data_ptr(), block.data_ptr() + block.numel(), self.mappings)
+        return part.values(slice(None))
+
+    def joined(self, name: str) -> TwoLevel | None:
+        """The blocks' parts of ``name`` as one TwoLevel over every row, or None (none, or not every
+        block seen)."""
+        found = self.parts.get(name, {})
+        blocks = [found[start] for start in sorted(found)]
+        if not blocks or sum(b.sub.shape[0] for b in blocks) != self.out_features:
+            return None
+        return TwoLevel(torch.cat([b.sub for b in blocks]), torch.cat([b.super for b in blocks]), blocks[0].size)
+
+    @property
+    def scale_parts(self) -> TwoLevel | None:
+        return self.joined("scale_parts")
+
+    @property
+    def minimum_parts(self) -> TwoLevel | None:
+        return self.joined("minimum_parts")
+
+
+def assembled(load, raw: Tensor, shape: tuple[int, int], bias: Tensor | None) -> QuantLinear:
+    """``load``'s module of ``raw``'s rows (the file's bytes, mapped or copied), in the kernels'
+    panels where they run it, made a block of rows at a time (FileRows): the whole portable module
+    beside the panels, or the whole tensor's bytes beside either, held the largest tensor twice or
+    three times at the load's peak (the 1B shape's tied head: +530 MiB). Without the kernels, the
+    portable module of every row (a copy: the loaders never keep views of ``raw``)."""
+    source = FileRows(load, raw, shape, bias)
+    twin = fits(source.sample)
+    return twin(source) if twin is not None else load(raw, shape, bias)
