@@ -9,9 +9,12 @@ import pytest
 import torch
 
 from torchformer.fast import formats
+from torchformer.interop.gguf.table import ROWS
 from torchformer.interop.gguf.weights import QUANTIZED_LINEARS
 from torchformer.nn import quant
 from torchformer.nn.quant import Int8Linear
+
+from .test_gguf_table import random_rows
 
 gguf = pytest.importorskip("gguf")
 
@@ -102,21 +105,7 @@ def test_a_tensor_loaded_as_floats_is_dequantized_a_block_of_rows_at_a_time(monk
     assert out.dtype == torch.bfloat16 and torch.equal(out, expected)
 
 
-# Random blocks per type (finite f16 scales) for the block-by-block assembly below.
-SCALE_BYTES = {"Q8_0": [(0, 2)], "Q4_0": [(0, 2)], "Q5_0": [(0, 2)], "Q6_K": [(208, 210)], "Q4_K": [(0, 2), (2, 4)]}
-BLOCK = {"Q8_0": (32, 34), "Q4_0": (32, 18), "Q5_0": (32, 22), "Q6_K": (256, 210), "Q4_K": (256, 144)}
-
-
-def random_file_rows(kind, n, k, seed=0):
-    per, size = BLOCK[kind]
-    rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
-    for a, b in SCALE_BYTES[kind]:
-        blocks[..., a:b] = (rng.standard_normal((n, k // per, 1)) * 1e-2).astype(np.float16).view(np.uint8)
-    return blocks.reshape(n, -1)
-
-
-@pytest.mark.parametrize("kind", list(BLOCK))
+@pytest.mark.parametrize("kind", list(ROWS))
 def test_a_projection_assembled_a_block_of_rows_at_a_time_equals_the_whole(monkeypatch, kind):
     """weights.assembled (the load's memory: the whole portable module beside its panels held the
     largest tensor twice): with blocks of 32 rows, the loader never sees every row at once, and the
@@ -124,7 +113,7 @@ def test_a_projection_assembled_a_block_of_rows_at_a_time_equals_the_whole(monke
     from torchformer.interop.gguf import weights
 
     n, k = 72, 512  # 3 blocks of 32 rows (row_blocks keeps multiples of 16), the last short
-    rows = torch.from_numpy(random_file_rows(kind, n, k).copy())
+    rows = torch.from_numpy(random_rows(kind, n, k).copy())
     load = QUANTIZED_LINEARS[kind][0]
     bias = torch.randn(n)
     whole = formats.prepared(load(rows, (n, k), bias))

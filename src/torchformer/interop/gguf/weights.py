@@ -245,7 +245,9 @@ class FileRows:
             if getattr(part, name, None) is not None:
                 self.parts.setdefault(name, {})[rows.start] = getattr(part, name)
         if block.is_contiguous():
-            release_mapped_range(block.data_ptr(), block.data_ptr() + block.numel(), self.mappings)
+            release_mapped_range(
+                block.data_ptr(), block.data_ptr() + block.numel() * block.element_size(), self.mappings
+            )
         return part.values(slice(None))
 
     def joined(self, name: str) -> TwoLevel | None:
@@ -274,4 +276,7 @@ def assembled(load, raw: Tensor, shape: tuple[int, int], bias: Tensor | None) ->
     portable module of every row (a copy: the loaders never keep views of ``raw``)."""
     source = FileRows(load, raw, shape, bias)
     twin = fits(source.sample)
-    return twin(source) if twin is not None else load(raw, shape, bias)
+    module = twin(source) if twin is not None else load(raw, shape, bias)
+    if raw.is_contiguous():  # the file's pages the portable module was read from
+        release_mapped_range(raw.data_ptr(), raw.data_ptr() + raw.numel() * raw.element_size(), source.mappings)
+    return module
