@@ -200,7 +200,8 @@ def _quantized_modules(f, model: nn.Module, keymap, names, rows, dtype, experts:
         setattr(model.get_submodule(parent) if parent else model, leaf, module)
         # A tied head gets its own module over the file's bytes, as tfm.quantize gives it its own
         # copy: a decode step reads the head as stored (a Q4_0 file's Q6_K table, 0.82 bytes a
-        # weight) instead of the float table (4 in float32); the embedding still loads as floats.
+        # weight) instead of the float table (4 in float32); the lookup reads the table's rows where
+        # they lie (_mapped_table).
         if not tied:
             done[hf_name] = filled
     return done
