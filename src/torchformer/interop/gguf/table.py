@@ -7,9 +7,10 @@ bf16, resident for the lookups of a few rows a step (the engines benchmark measu
 generation at 1046 MiB beyond its weights and KV cache). Mapped, only the rows looked up are read
 from the file, and a decode step's lookup dequantizes one row a token.
 
-Each type's rows decode in torch (a compiled step traces them), in the order of operations of the
-``gguf`` package's numpy dequantization, so a looked-up row equals gguf's bit for bit (weights.py
-has each format's byte layout); then the model's dtype, as the float table was.
+Each type's rows decode in torch (a compiled step traces them) with weights.py's readers of its
+bytes (the projections' loaders read the same), scaled in the order of operations of the ``gguf``
+package's numpy dequantization, so a looked-up row equals gguf's bit for bit; then the model's
+dtype, as the float table was.
 """
 
 from __future__ import annotations
@@ -20,53 +21,54 @@ from torch import Tensor, nn
 
 from ...nn.quant import row_blocks
 from .container import GGUFFile
-from .weights import Q4_0_GROUP, QK_K, half, nibble_halves, q4_k_scales
+from .weights import (
+    Q4_0_GROUP,
+    Q4_K_GROUP,
+    Q6_K_GROUP,
+    Q8_0_GROUP,
+    QK_K,
+    blocks,
+    nibble_halves,
+    q4_k_fields,
+    q5_0_values,
+    q6_k_scales,
+    q6_k_values,
+    super_blocks,
+)
 
 
-def q8_0_rows(b: Tensor) -> Tensor:
+def q8_0_rows(b: Tensor, k: int) -> Tensor:
     """(R, K / 32 * 34) uint8 -> (R, K) float32: d * q per block of 32."""
-    b = b.reshape(b.shape[0], -1, 34)  # (R, K/32, 34): f16 d, 32 int8 q
-    return (half(b[..., :2]).float() * b[..., 2:].contiguous().view(torch.int8).float()).flatten(1)
+    scale, payload = blocks(b, (b.shape[0], k), Q8_0_GROUP)  # (R, K/32), (R, K/32, 32)
+    return (scale.unsqueeze(-1) * payload.contiguous().view(torch.int8).float()).flatten(1)
 
 
-def q4_0_rows(b: Tensor) -> Tensor:
+def q4_0_rows(b: Tensor, k: int) -> Tensor:
     """(R, K / 32 * 18) uint8 -> (R, K) float32: d * (nibble - 8), inputs j (low) and j + 16 (high)."""
-    b = b.reshape(b.shape[0], -1, 18)  # (R, K/32, 18): f16 d, 16 bytes of nibbles
-    return (half(b[..., :2]).float() * (nibble_halves(b[..., 2:]).float() - 8)).flatten(1)
+    scale, payload = blocks(b, (b.shape[0], k), Q4_0_GROUP // 2)  # (R, K/32), (R, K/32, 16)
+    return (scale.unsqueeze(-1) * (nibble_halves(payload).float() - 8)).flatten(1)
 
 
-def q5_0_rows(b: Tensor) -> Tensor:
+def q5_0_rows(b: Tensor, k: int) -> Tensor:
     """(R, K / 32 * 22) uint8 -> (R, K) float32: d * (q - 16), q's fifth bit in qh."""
-    b = b.reshape(b.shape[0], -1, 22)  # (R, K/32, 22): f16 d, 4 bytes qh, 16 bytes as Q4_0's
-    qh = b[..., 2:6].contiguous().view(torch.int32)  # (R, K/32, 1): bit j = input j's fifth bit
-    fifth = (qh >> torch.arange(Q4_0_GROUP, dtype=torch.int32, device=b.device)) & 1  # (R, K/32, 32)
-    q = nibble_halves(b[..., 6:]).to(torch.int32) | (fifth << 4)
-    return (half(b[..., :2]).float() * (q - 16).float()).flatten(1)
+    scale, payload = blocks(b, (b.shape[0], k), 20)  # (R, K/32), (R, K/32, 20)
+    return (scale.unsqueeze(-1) * q5_0_values(payload).float()).flatten(1)
 
 
-def q6_k_rows(b: Tensor) -> Tensor:
+def q6_k_rows(b: Tensor, k: int) -> Tensor:
     """(R, K / 256 * 210) uint8 -> (R, K) float32: (d * sc) * q per 16 inputs, q in [-32, 31]."""
-    r = b.shape[0]
-    b = b.reshape(r, -1, 210)  # (R, K/256, 210)
-    ql, qh = b[..., :128].reshape(r, -1, 2, 64), b[..., 128:192].reshape(r, -1, 2, 1, 32)
-    sc, d = b[..., 192:208].contiguous().view(torch.int8), half(b[..., 208:])  # (R, K/256, 16), (R, K/256, 1)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(4, 1)
-    low = nibble_halves(ql)  # (R, K/256, 2, 128): input 128h + i's low 4 bits
-    high = ((qh >> shifts) & 3).reshape(low.shape)  # input 128h + 32j + i's top 2 bits
-    q = (low | (high << 4)).to(torch.int16) - 32  # (R, K/256, 2, 128)
+    r, s = b.shape[0], super_blocks(b, (b.shape[0], k), 210)  # (R, K/256, 210)
+    sc, d = q6_k_scales(s)
     scale = d.float() * sc.float()  # (R, K/256, 16)
-    return (scale.reshape(r, -1, 16, 1) * q.reshape(r, -1, 16, 16).float()).flatten(1)
+    return (scale.reshape(r, -1, 1) * q6_k_values(s).reshape(r, -1, Q6_K_GROUP).float()).flatten(1)
 
 
-def q4_k_rows(b: Tensor) -> Tensor:
+def q4_k_rows(b: Tensor, k: int) -> Tensor:
     """(R, K / 256 * 144) uint8 -> (R, K) float32: (d * sc) * u - dmin * m per 32 inputs."""
     r = b.shape[0]
-    b = b.reshape(r, -1, 144)  # (R, K/256, 144)
-    d, dmin = half(b[..., 0:2]).float(), half(b[..., 2:4]).float()  # (R, K/256, 1) each
-    sc, m = q4_k_scales(b[..., 4:16])  # (R, K/256, 8) each
-    u = nibble_halves(b[..., 16:].reshape(r, -1, 4, 32)).reshape(r, -1, 8, 32).float()  # (R, K/256, 8, 32)
-    scale, minimum = (d * sc.float()).unsqueeze(-1), (dmin * m.float()).unsqueeze(-1)  # (R, K/256, 8, 1)
-    return (scale * u - minimum).flatten(1)
+    d, dmin, sc, m, u = q4_k_fields(super_blocks(b, (r, k), 144))
+    scale, minimum = d.float() * sc.float(), dmin.float() * m.float()  # (R, K/256, 8) each
+    return (scale.reshape(r, -1, 1) * u.reshape(r, -1, Q4_K_GROUP).float() - minimum.reshape(r, -1, 1)).flatten(1)
 
 
 # GGUF type -> its rows' dequantization and the bytes of one block of QK inputs.
@@ -103,13 +105,13 @@ class MappedTable(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:  # (...,) -> (..., D)
         flat = self.raw.index_select(0, ids.reshape(-1))  # (R, row bytes)
-        return self.rows(flat).to(self.probe.dtype).reshape(*ids.shape, self.embedding_dim)
+        return self.rows(flat, self.embedding_dim).to(self.probe.dtype).reshape(*ids.shape, self.embedding_dim)
 
     def dequantized(self) -> Tensor:
         """The whole table (V, D) in the model's dtype, a block of rows at a time."""
         out = torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.probe.dtype, device=self.raw.device)
         for block in row_blocks(self.num_embeddings, self.embedding_dim):
-            out[block] = self.rows(self.raw[block]).to(out.dtype)
+            out[block] = self.rows(self.raw[block], self.embedding_dim).to(out.dtype)
         return out
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):

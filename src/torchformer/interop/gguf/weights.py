@@ -126,14 +126,19 @@ def q8_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> In
     return Int8Linear(qweight, scale, bias, Q8_0_GROUP)
 
 
+def q5_0_values(payload: Tensor) -> Tensor:
+    """Q5_0 blocks' payload (..., 20): qh (4 bytes, bit j = input j's fifth bit), then 16 bytes as
+    Q4_0's -> the blocks' values (..., 32) int32 in [-16, 15]."""
+    qh = payload[..., :4].contiguous().view(torch.int32)  # (..., 1)
+    fifth = (qh >> torch.arange(Q8_0_GROUP, dtype=torch.int32, device=payload.device)) & 1  # (..., 32)
+    low = nibble_halves(payload[..., 4:]).to(torch.int32)  # (..., 32): inputs 0-15 low, 16-31 high
+    return (low | (fifth << 4)) - 16
+
+
 def q5_0_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
     """Int8Linear (group 32) holding a Q5_0 matrix's values; rows: (N, K / 32 * 22) uint8."""
-    n, k = shape
-    scale, payload = blocks(rows, shape, 20)  # (N, K/32), (N, K/32, 20): qh (4 bytes), then 16 as Q4_0's
-    qh = payload[..., :4].contiguous().view(torch.int32)  # (N, K/32, 1): bit j = input j's fifth bit
-    fifth = (qh >> torch.arange(32, dtype=torch.int32)) & 1  # (N, K/32, 32)
-    low = nibble_halves(payload[..., 4:]).to(torch.int32)  # (N, K/32, 32): inputs 0-15 low, 16-31 high
-    q = ((low | (fifth << 4)) - 16).to(torch.int8).reshape(n, k)  # (N, K) in [-16, 15]
+    scale, payload = blocks(rows, shape, 20)  # (N, K/32), (N, K/32, 20)
+    q = q5_0_values(payload).to(torch.int8).reshape(shape)  # (N, K) in [-16, 15]
     return Int8Linear(q, scale, bias, Q8_0_GROUP)
 
 
@@ -153,20 +158,27 @@ def nibble_halves(b: Tensor) -> Tensor:
     return torch.cat([b & 0xF, b >> 4], dim=-1)
 
 
+def q6_k_scales(b: Tensor) -> tuple[Tensor, Tensor]:
+    """Q6_K super-blocks (N, K/256, 210) -> their sub-scales sc (N, K/256, 16) int8 and d (N, K/256, 1) f16."""
+    return b[..., 192:208].contiguous().view(torch.int8), half(b[..., 208:])
+
+
+def q6_k_values(b: Tensor) -> Tensor:
+    """Q6_K super-blocks (n, K/256, 210) -> their values (n, K) int8 in [-32, 31]."""
+    n = b.shape[0]
+    ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).view(4, 1)
+    low = nibble_halves(ql)  # (n, K/256, 2, 128): input 128h + i's low 4 bits
+    high = ((qh >> shifts) & 3).reshape(low.shape)  # input 128h + 32j + i's top 2 bits
+    return (low | (high << 4)).sub_(32).view(torch.int8).reshape(n, -1)  # u - 32, two's complement
+
+
 def q6_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int8Linear:
     """Int8Linear (group 16) holding a Q6_K matrix's values; rows: (N, K / 256 * 210) uint8."""
     n, k = shape
     b = super_blocks(rows, shape, 210)  # (N, K/256, 210)
-    ql, qh = b[..., :128].reshape(n, -1, 2, 64), b[..., 128:192].reshape(n, -1, 2, 1, 32)
-    sc, d = b[..., 192:208].contiguous().view(torch.int8), half(b[..., 208:])  # (N, K/256, 16), (N, K/256, 1)
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
-
-    def values(rows: slice) -> Tensor:  # (rows, K) in [-32, 31]
-        low = nibble_halves(ql[rows])  # (rows, K/256, 2, 128): input 128h + i's low 4 bits
-        high = ((qh[rows] >> shifts) & 3).reshape(low.shape)  # input 128h + 32j + i's top 2 bits
-        return (low | (high << 4)).sub_(32).view(torch.int8).reshape(-1, k)  # u - 32, two's complement
-
-    q = by_rows(n, k, torch.int8, values)  # (N, K)
+    sc, d = q6_k_scales(b)  # (N, K/256, 16), (N, K/256, 1)
+    q = by_rows(n, k, torch.int8, lambda rows: q6_k_values(b[rows]))  # (N, K)
     scale = (d.float() * sc.float()).reshape(n, k // Q6_K_GROUP)  # (N, K/16)
     module = Int8Linear(q, scale, bias, Q6_K_GROUP)
     module.scale_parts = TwoLevel(sc.reshape(n, -1), d.reshape(n, -1), QK_K)
@@ -191,13 +203,18 @@ def q4_k_scales(s: Tensor) -> tuple[Tensor, Tensor]:
     return sc, m
 
 
+def q4_k_fields(b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Q4_K super-blocks (n, K/256, 144) -> d, dmin (n, K/256, 1) f16, the 6-bit sc and m (n, K/256, 8)
+    and the nibbles u (n, K) in [0, 15]: weight = d * sc * u - dmin * m per 32 inputs."""
+    sc, m = q4_k_scales(b[..., 4:16])
+    u = nibble_halves(b[..., 16:].reshape(b.shape[0], -1, 4, 32)).reshape(b.shape[0], -1)
+    return half(b[..., 0:2]), half(b[..., 2:4]), sc, m, u
+
+
 def q4_k_linear(rows: Tensor, shape: tuple[int, int], bias: Tensor | None) -> Int4MinLinear:
     """Int4MinLinear (group 32) holding a Q4_K matrix's values; rows: (N, K / 256 * 144) uint8."""
     n, k = shape
-    b = super_blocks(rows, shape, 144)  # (N, K/256, 144)
-    d, dmin = half(b[..., 0:2]), half(b[..., 2:4])  # (N, K/256, 1) each
-    sc, m = q4_k_scales(b[..., 4:16])  # (N, K/256, 8) each, in [0, 63]
-    u = nibble_halves(b[..., 16:].reshape(n, -1, 4, 32)).reshape(n, k)  # (N, K) in [0, 15]
+    d, dmin, sc, m, u = q4_k_fields(super_blocks(rows, shape, 144))
     scale = (d.float() * sc.float()).reshape(n, -1)  # (N, K/32)
     minimum = (dmin.float() * m.float()).reshape(n, -1)  # (N, K/32)
     module = Int4MinLinear.from_values(u.to(torch.int16) - 8, scale, minimum, bias, Q4_K_GROUP)
