@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -84,8 +85,9 @@ def launch(n: int, device: str, quick: bool, timeout: float = 900) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), "-m",
            "benchmarks.gpu_tp", "--worker", "--device", device, *(["--quick"] if quick else [])]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"TP={n} worker failed: {proc.stderr[-1500:]}")
+    if proc.returncode != 0:  # torchrun's summary ends stderr: name the worker's own error first
+        errors = [line for line in proc.stderr.splitlines() if re.match(r"\w+(Error|Exception)\b.*:", line)]
+        raise RuntimeError(f"TP={n} worker failed: {errors[0] if errors else ''}\n{proc.stderr[-1500:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

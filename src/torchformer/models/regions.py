@@ -16,6 +16,8 @@ Eager, and where a context cannot be frozen, blocks run as before.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor, nn
 
@@ -41,11 +43,19 @@ def run_frozen(block: nn.Module, x: Tensor, ctx: AttnInputs, frozen, k: Tensor |
     return block(x, ctx, None if k is None else LayerCache(k, v), None, None)
 
 
-# One entry per distinct layer structure (Gemma's kinds, a checkpoint's odd layers), hence roomy.
+def _region(fn):
+    """``fn`` as a nested compile region holding one entry per distinct layer structure (Gemma's
+    kinds, a checkpoint's odd layers), hence roomy. torch 2.11 has regions without
+    ``max_reuse_entries`` (its default then holds); torch 2.13 has the argument."""
+    if "max_reuse_entries" in inspect.signature(torch.compiler.nested_compile_region).parameters:
+        return torch.compiler.nested_compile_region(fn, max_reuse_entries=256)
+    return torch.compiler.nested_compile_region(fn)
+
+
 # Inductor's cpp_wrapper cannot emit a region (NotImplementedError): fast/compiled.py's switch
 # turns regions off when the stack is built.
-region_block = torch.compiler.nested_compile_region(run_block, max_reuse_entries=256)
-region_frozen = torch.compiler.nested_compile_region(run_frozen, max_reuse_entries=256)
+region_block = _region(run_block)
+region_frozen = _region(run_frozen)
 
 
 def freeze(pattern: Pattern | None, dtype: torch.dtype):
