@@ -76,11 +76,14 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t LINE = 64;
-// Prefetch distance per panel stream, into L2: one stream (a thread reading one panel after another)
-// 8 KB, which kept the most lines in flight (1B shape's matrices, 2 threads, AVX512-VNNI EPYC:
-// against 1, 4, 12 and 16 KB, and L1 or L3 hints); several streams (TASK_PANELS) 4 KB each.
-template <int NP>
-constexpr int64_t ahead() { return NP == 1 ? 8192 : 4096; }
+// Prefetch distance of a panel stream, into L2: 8 KB, which kept the most lines in flight for one
+// stream (a thread reading one panel after another; 1B shape's matrices, 2 threads, AVX512-VNNI
+// EPYC: against 1, 4, 12 and 16 KB, and L1 or L3 hints). Those passes need it: without it, 2 to 8
+// rows read 0.67-1.01x (benchmarks/panel_rates.py against this tree, 4 alternating rounds, medians
+// per panel type and row count, 2026-12-06; 0.82x or less at 8 rows) and one row of the K-quants'
+// single-stream passes 0.91x (Q6_K) and 1.07x (Q4_K). The one-row pass over TASK_PANELS streams
+// takes none (rows_for).
+constexpr int64_t AHEAD = 8192;
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
