@@ -124,3 +124,24 @@ def test_inductor_compiles_an_int8_step_of_more_rows_than_compiled_rows_inside_r
     gap = (compiled.float() - eager.float()).abs().max()  # bf16 activations, rounded where one fuses and one does not
     assert gap <= 0.08 * eager.float().abs().max(), (gap, eager.float().abs().max())  # measured 0.04
     assert (compiled.argmax(-1) == eager.argmax(-1)).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("takes_entries", [True, False])
+def test_regions_are_made_with_or_without_max_reuse_entries(monkeypatch, takes_entries):
+    """torch 2.13's nested_compile_region takes max_reuse_entries; torch 2.11's has no such argument
+    (torchformer failed at import there): a region is made either way, roomy where it can be."""
+    from torchformer.models import regions
+
+    made = []
+
+    def with_entries(fn, max_reuse_entries=8):
+        made.append(max_reuse_entries)
+        return fn
+
+    def without_entries(fn):
+        made.append(None)
+        return fn
+
+    monkeypatch.setattr(torch.compiler, "nested_compile_region", with_entries if takes_entries else without_entries)
+    assert regions._region(regions.run_block) is regions.run_block
+    assert made == [256 if takes_entries else None]
