@@ -46,7 +46,7 @@ from torch import Tensor
 
 from ...fast.formats import fits
 from ...fast.two_level import TwoLevel
-from ...host_memory import file_mappings, release_mapped_range, trim
+from ...host_memory import file_mappings, release_mapped, release_mapped_range, trim
 from ...nn.quant import Int4Linear, Int8Linear, QuantLinear, row_blocks
 from ...nn.quant_min import Int4MinLinear
 from .container import FLOAT_TYPES, GGUFFile, gguf_module
@@ -246,8 +246,9 @@ class FileRows:
         self.sample = load(raw[:1], (1, shape[1]), None)  # one row: the module type and group
         self.group_size = self.sample.group_size
         self.parts: dict[str, dict[int, TwoLevel]] = {}
+        self.whole: dict[str, TwoLevel] = {}  # joined parts, once every block was seen
         self.calls = 0
-        self.mappings = file_mappings()  # read once: release_mapped_range would read them every block
+        self.mappings = file_mappings()  # read once: release_mapped would read them every block
 
     def values(self, rows: slice) -> tuple[Tensor, ...]:
         # The last blocks' temporaries, freed by now, go back to the kernel every TRIM_EVERY blocks:
@@ -261,20 +262,23 @@ class FileRows:
         for name in ("scale_parts", "minimum_parts"):
             if getattr(part, name, None) is not None:
                 self.parts.setdefault(name, {})[rows.start] = getattr(part, name)
-        if block.is_contiguous():
-            release_mapped_range(
-                block.data_ptr(), block.data_ptr() + block.numel() * block.element_size(), self.mappings
-            )
+        if block.is_contiguous():  # its own bytes (a strided block's would be the whole tensor's)
+            release_mapped(block, self.mappings)
         return part.values(slice(None))
 
     def joined(self, name: str) -> TwoLevel | None:
-        """The blocks' parts of ``name`` as one TwoLevel over every row, or None (none, or not every
-        block seen)."""
+        """The blocks' parts of ``name`` as one TwoLevel over every row (joined once), or None (none,
+        or not every block seen)."""
+        if name in self.whole:
+            return self.whole[name]
         found = self.parts.get(name, {})
         blocks = [found[start] for start in sorted(found)]
         if not blocks or sum(b.sub.shape[0] for b in blocks) != self.out_features:
             return None
-        return TwoLevel(torch.cat([b.sub for b in blocks]), torch.cat([b.super for b in blocks]), blocks[0].size)
+        subs, supers = torch.cat([b.sub for b in blocks]), torch.cat([b.super for b in blocks])
+        self.whole[name] = TwoLevel(subs, supers, blocks[0].size)
+        del self.parts[name]  # held once: the joined copy
+        return self.whole[name]
 
     @property
     def scale_parts(self) -> TwoLevel | None:
@@ -295,5 +299,5 @@ def assembled(load, raw: Tensor, shape: tuple[int, int], bias: Tensor | None) ->
     twin = fits(source.sample)
     module = twin(source) if twin is not None else load(raw, shape, bias)
     if raw.is_contiguous():  # the file's pages the portable module was read from
-        release_mapped_range(raw.data_ptr(), raw.data_ptr() + raw.numel() * raw.element_size(), source.mappings)
+        release_mapped(raw, source.mappings)
     return module
