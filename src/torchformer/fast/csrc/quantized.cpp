@@ -56,8 +56,8 @@
 // Streams and blocking: up to MROWS rows of x (8, or 4 in the AVX2 build) take all of K in one pass
 // with their sums in registers; more rows go MROWS at a time over K blocks of ~16 KB per panel,
 // which the later row groups re-read from L1/L2. One row of int8 / int4 panels reads TASK_PANELS
-// panel streams at once, every other pass one panel after another; each stream is prefetched
-// (`ahead`).
+// panel streams at once, unprefetched; every other pass one panel after another, prefetched
+// (AHEAD).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
