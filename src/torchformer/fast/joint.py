@@ -44,7 +44,7 @@ from .quant_panels import PanelLinear, rows_of
 OWNERS = {Attention: ("project", ("q_proj", "k_proj", "v_proj")), GatedMLP: ("gate_up", ("gate", "up"))}
 # The tensors a panel twin keeps one slab of per 16-row panel (dim 0): joined end to end.
 JOINED = ("panels", "scale", "super_scale", "minimum", "super_min")
-SAME = ("in_features", "group_size", "super_group", "bits")  # what the members must share
+SAME = ("in_features", "group_size", "super_group", "bits", "ways")  # what the members must share
 CONTIGUOUS_ROWS = 64  # up to this many rows (decoding, short prompts) the split parts are copied contiguous
 
 
@@ -198,6 +198,13 @@ def join(model: nn.Module) -> int:
                 module.joint.unshare()
                 module.joint = None
             continue
+        members = [getattr(module, n) for n in names]
+        if any(m.out_features // LANES % m.ways for m in members[:-1]):
+            # Interleaved panels (quant_panels.py ``interleave``) end to end are the whole's layout
+            # only where no group but the last is short: members narrower than that (a toy's q of
+            # two panels) join with their panels in order.
+            for m in members:
+                m.interleave(1)
         module.__class__ = twin_class(base)
         module.joint = Joint(module, names)
         joined += 1

@@ -45,6 +45,7 @@ from ..nn.linear import Linear
 from .native import kernels
 
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
+RELAYOUT_CHUNK = 4 << 20  # bytes interleave_ copies at a time
 LANES = 16  # outputs per panel: one AVX-512 register of fp32 (two AVX2 ones: csrc/wide.h)
 
 
@@ -56,6 +57,31 @@ def panels(rows: Tensor) -> Tensor:
     padded = rows.new_zeros((-(-N // LANES) * LANES, *rows.shape[1:]))
     padded[:N] = rows
     return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
+
+
+def interleave_(t: Tensor, ways: int, back: bool = False) -> Tensor:
+    """t (P, L, ...): panels (or their scales) one after another -> in place, each group of ``ways``
+    panels interleaved line by line, group g's (L, w, ...) with w = min(ways, P - g * ways), in the
+    same shape (csrc/quantized.cpp's layout: one row of x then reads a thread's groups as one
+    stream); back: the inverse. A group's bytes stay where they were, in another order, so it goes a
+    few groups at a time beside a copy of at most RELAYOUT_CHUNK bytes (a quantizing load's peak).
+    ways 1: t as it is."""
+    if ways == 1:
+        return t
+    P, L, rest = t.shape[0], t.shape[1], tuple(t.shape[2:])
+    order = (0, 2, 1, *range(3, 3 + len(rest)))
+    panel_bytes = t[0].numel() * t.element_size()
+    step = max(1, RELAYOUT_CHUNK // (ways * panel_bytes)) * ways  # panels a copy, whole groups
+    full = P // ways * ways
+    spans = [(start, min(full, start + step), ways) for start in range(0, full, step)]
+    spans += [(full, P, P - full)] if full < P else []  # the last group, short
+    for start, stop, w in spans:
+        n = (stop - start) // w
+        panel_major, line_major = (n, w, L, *rest), (n, L, w, *rest)
+        src, dst = (line_major, panel_major) if back else (panel_major, line_major)
+        part = t[start:stop].clone()
+        t[start:stop].view(dst).copy_(part.view(src).permute(order))
+    return t
 
 
 def stream_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

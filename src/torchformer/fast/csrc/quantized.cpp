@@ -20,6 +20,14 @@
 //   of u = q + 16 / q + 32, int4's nibble lines and a line of their high bits (5), or three lines
 //   of 6-bit bytes whose top two bits hold a fourth register (6)
 //   (quantized_kernels.inc, Low): 5 / 6 bits a weight instead of int8's 8, unpacked in registers.
+// Interleaved (`ways` = WAYS, the AVX-512 build's int8 and int4 panels with one-level scales:
+// fast/quant_panels.py `interleave`): each group of WAYS panels (the last one's w = what is left)
+// stored line by line, group g's unit u of its panel j at g * WAYS * stream + (u * w + j) * 64
+// bytes, its scales (minimums) likewise, group g's (K / G, w, 16). One row of x then reads a
+// thread's groups as one stream (and its scales as a second), where panels one after another read
+// as four (and four of scales): the hardware prefetcher follows one stream and lost the others (one
+// thread, the 1B shape's int4 panels: 74-80% of the plain read against 93-108% interleaved; in this
+// kernel, 2 threads, 1.58x at one row).
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
 // block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
@@ -53,11 +61,12 @@
 // 127), the one approximation, as in llama.cpp. Integer sums are exact; each block's (super-block's)
 // sum is scaled in fp32.
 //
-// Streams and blocking: up to MROWS rows of x (8, or 4 in the AVX2 build) take all of K in one pass
-// with their sums in registers; more rows go MROWS at a time over K blocks of ~16 KB per panel,
-// which the later row groups re-read from L1/L2. One row of int8 / int4 panels reads TASK_PANELS
-// panel streams at once, unprefetched; every other pass one panel after another, prefetched
-// (AHEAD).
+// Streams and blocking: up to 8 rows of x take all of K, more go over K blocks of ~16 KB per panel,
+// which the later rows re-read from L1/L2 (k_block). Interleaved panels go a group at a time in
+// passes of two rows (quantized_kernels.inc, run_ways). Otherwise MROWS rows a pass (8, or 4 in the
+// AVX2 build) with their sums in registers; one row of int8 / int4 panels (the AVX2 build's) reads
+// TASK_PANELS panel streams at once, unprefetched; every other pass one panel after another,
+// prefetched (AHEAD).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -98,12 +107,15 @@ constexpr int64_t BLOCK_BYTES = 16384;
 // flight (benchmarks/panel_rates.py, two runs of 4 alternating processes, medians), Q4_K 1.02-1.22x
 // at one row and 1.15-1.28x at two, Q6_K 1.14-1.16x and 1.18-1.22x, int4 at two rows 1.07-1.14x
 // (1.14x in one process, 30 alternations); one row of int4 / int8 one panel at a time 0.97x / 0.94x.
+// WAYS: panels interleaved a group where the format is interleaved (the layout comment; 1: never).
 #if defined(__AVX512F__)
 constexpr int MROWS = 8;
 constexpr int64_t TASK_PANELS = 4;
+constexpr int64_t WAYS = 4;
 #else
 constexpr int MROWS = 4;
 constexpr int64_t TASK_PANELS = 2;
+constexpr int64_t WAYS = 1;
 #endif
 
 inline void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
@@ -223,7 +235,15 @@ void check_part(const torch::Tensor& t, at::ScalarType dtype, int64_t P, int64_t
 }
 
 template <class F, class FV, class S>
-void dispatch(const Weights& wt, const Acts& a, int64_t R, int64_t N, float* o) {
+void dispatch(const Weights& wt, const Acts& a, int64_t R, int64_t N, float* o, int64_t ways) {
+  if constexpr (WAYS > 1 && F::UNIT == LINE && !std::is_same_v<S, TwoLevel>) {
+    if (ways > 1) {
+#if defined(__AVX512F__)
+      if (vnni()) return with_vnni::run_ways<FV, true, S>(wt, a, R, N, o);
+#endif
+      return plain::run_ways<F, false, S>(wt, a, R, N, o);
+    }
+  }
 #if defined(__AVX512F__)
   if (vnni()) return with_vnni::run<FV, true, S>(wt, a, R, N, o);
 #endif
@@ -235,7 +255,7 @@ void dispatch(const Weights& wt, const Acts& a, int64_t R, int64_t N, float* o) 
 template <class F, class FV>  // the format's plain and VNNI copies
 torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
                       const torch::Tensor& minimum, int64_t N, int64_t G, const std::optional<torch::Tensor>& sup,
-                      const std::optional<torch::Tensor>& sup_min, int64_t SG, const char* name) {
+                      const std::optional<torch::Tensor>& sup_min, int64_t SG, int64_t ways, const char* name) {
   const int64_t R = x.size(0), K = x.size(1);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat, name,
               ": x must be (R, K) contiguous fp32");
@@ -246,6 +266,9 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
               ": the panels do not match N and K");
   const bool two = sup.has_value();
   const bool half = scale.scalar_type() == at::kHalf;
+  TORCH_CHECK(ways == 1 || (ways == WAYS && WAYS > 1 && F::UNIT == LINE && !two), name, ": ways must be 1",
+              WAYS > 1 ? " or " + std::to_string(WAYS) + " (one-level scales, int8 / int4 panels)" : std::string(),
+              " here, got ", ways);
   if (two) {
     TORCH_CHECK(SG > 0 && SG % G == 0 && K % SG == 0, name, ": super_group must be a multiple of the group dividing K");
     // int16 group sums of x and int32 super-block sums (quantized_kernels.inc, panel_super)
@@ -299,13 +322,13 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   const Acts a{q, xs, bias, sp, gsum, K, B};
   float* o = out.data_ptr<float>();
   if (two)
-    dispatch<F, FV, TwoLevel>(wt, a, R, N, o);
+    dispatch<F, FV, TwoLevel>(wt, a, R, N, o, 1);
   else if constexpr (F::MIN)  // fp32 scales only (checked above): one copy fewer to compile
-    dispatch<F, FV, float>(wt, a, R, N, o);
+    dispatch<F, FV, float>(wt, a, R, N, o, ways);
   else if (half)
-    dispatch<F, FV, uint16_t>(wt, a, R, N, o);
+    dispatch<F, FV, uint16_t>(wt, a, R, N, o, ways);
   else
-    dispatch<F, FV, float>(wt, a, R, N, o);
+    dispatch<F, FV, float>(wt, a, R, N, o, ways);
   return out;
 }
 
@@ -314,18 +337,20 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
 // x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16, or int8
 // sub-scales under super_scale (P, K / super_group, 16) f16 -> (R, N) fp32.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
-                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group) {
+                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group,
+                      int64_t ways) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int8_mm: panels must be uint8 (q + 128)");
   return product<plain::Int8, with_vnni::Int8>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
-                                               super_group, "int8_mm");
+                                               super_group, ways, "int8_mm");
 }
 
 // x (R, K) fp32; panels (P, K / 8, 16, 4) uint8 (two inputs per byte); scale as int8_mm's.
 torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
-                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group) {
+                      int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group,
+                      int64_t ways) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_mm: panels must be uint8");
   return product<plain::Int4, with_vnni::Int4>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
-                                               super_group, "int4_mm");
+                                               super_group, ways, "int4_mm");
 }
 
 // As int4_mm over nibbles u (no offset: w = scale * u - minimum per group); minimum (P, K / group, 16)
@@ -333,10 +358,10 @@ torch::Tensor int4_mm(const torch::Tensor& x, const torch::Tensor& wp, const tor
 torch::Tensor int4_min_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale,
                           const torch::Tensor& minimum, int64_t N, int64_t group,
                           const std::optional<torch::Tensor>& super_scale, const std::optional<torch::Tensor>& super_min,
-                          int64_t super_group) {
+                          int64_t super_group, int64_t ways) {
   TORCH_CHECK(wp.scalar_type() == at::kByte, "int4_min_mm: panels must be uint8");
   return product<plain::Int4Min, with_vnni::Int4Min>(x, wp, scale, minimum, N, group, super_scale, super_min,
-                                                     super_group, "int4_min_mm");
+                                                     super_group, ways, "int4_min_mm");
 }
 
 // x (R, K) fp32; panels (P, K / KL, REGS / 2 + 1, 16, 4) uint8 of `bits` = 5 (KL 32) or 6 (KL 16)
@@ -348,23 +373,26 @@ torch::Tensor intn_mm(const torch::Tensor& x, const torch::Tensor& wp, const tor
   TORCH_CHECK(bits == 5 || bits == 6, "intn_mm: bits must be 5 or 6, got ", bits);
   if (bits == 5)
     return product<plain::Int5, with_vnni::Int5>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
-                                                 super_group, "intn_mm");
+                                                 super_group, 1, "intn_mm");
   return product<plain::Int6, with_vnni::Int6>(x, wp, scale, torch::Tensor(), N, group, super_scale, std::nullopt,
-                                               super_group, "intn_mm");
+                                               super_group, 1, "intn_mm");
 }
 
 bool has_vnni() { return vnni(); }
+// The ways the interleaved int8 / int4 panels of this build take (1: never interleaved).
+int64_t panel_ways() { return WAYS; }
 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
   m.def("has_vnni() -> bool", &has_vnni);
+  m.def("panel_ways() -> int", &panel_ways);
   m.def("int8_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, Tensor? super_scale=None, "
-        "int super_group=0) -> Tensor");
+        "int super_group=0, int ways=1) -> Tensor");
   m.def("int4_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, Tensor? super_scale=None, "
-        "int super_group=0) -> Tensor");
+        "int super_group=0, int ways=1) -> Tensor");
   m.def("intn_mm(Tensor x, Tensor panels, Tensor scale, int n, int group, int bits, Tensor? super_scale=None, "
         "int super_group=0) -> Tensor");
   m.def("int4_min_mm(Tensor x, Tensor panels, Tensor scale, Tensor minimum, int n, int group, "
-        "Tensor? super_scale=None, Tensor? super_min=None, int super_group=0) -> Tensor");
+        "Tensor? super_scale=None, Tensor? super_min=None, int super_group=0, int ways=1) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) {
   m.impl("int8_mm", &int8_mm);
