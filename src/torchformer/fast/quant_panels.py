@@ -193,7 +193,7 @@ class PanelLinear(QuantLinear):
         self.interleave(ways if self.interleaves() else 1)
 
     def interleave(self, ways: int | None = None) -> None:
-        """Interleave each group of ``ways`` panels, line by line (fast/panels.py ``interleaved``;
+        """Interleave each group of ``ways`` panels, line by line (fast/panels.py ``interleave_``;
         None: the kernels' ``torchformer::panel_ways``, 4 in the AVX-512 build and 1 elsewhere,
         where one unit is one 64-byte line and the scales one-level: int8 and int4 panels; 1: the
         panels back in order). One row of x then reads a thread's panels and scales as two streams
