@@ -27,7 +27,7 @@
 // thread's groups as one stream (and its scales as a second), where panels one after another read
 // as four (and four of scales): the hardware prefetcher follows one stream and lost the others (one
 // thread, the 1B shape's int4 panels: 74-80% of the plain read against 93-108% interleaved; in this
-// kernel, 2 threads, 1.58x at one row).
+// kernel, benchmarks/panel_rates.py: one row of int4 1.28x at one thread, 1.08-1.58x at two).
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
 // block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
@@ -335,7 +335,8 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
 }  // namespace
 
 // x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16, or int8
-// sub-scales under super_scale (P, K / super_group, 16) f16 -> (R, N) fp32.
+// sub-scales under super_scale (P, K / super_group, 16) f16 -> (R, N) fp32. ways: WAYS where the panels
+// and one-level scales are interleaved (the layout comment), else 1.
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N,
                       int64_t group, const std::optional<torch::Tensor>& super_scale, int64_t super_group,
                       int64_t ways) {
