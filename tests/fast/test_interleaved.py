@@ -7,6 +7,8 @@ counts off the group grid and row counts from 1 to past 8; a row alone gives the
 batch of up to 8; the formats that do not interleave keep their panels in order; the ops refuse another
 width; q/k/v narrower than a group join with their panels in order."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -15,7 +17,8 @@ import torchformer as tfm
 from tests.grid import build, variants
 from torchformer.fast import formats
 from torchformer.fast import panels as layout
-from torchformer.fast.quant_panels import Int4MinPanels, Int4Panels, Int8Panels
+from torchformer.fast.int4_panels import Int4MinPanels, Int4Panels
+from torchformer.fast.quant_panels import Int8Panels
 from torchformer.nn.attention import Attention
 from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.nn.quant_min import Int4MinLinear
@@ -47,13 +50,9 @@ def test_a_group_is_stored_line_by_line_and_a_short_last_group_too(monkeypatch):
 
 
 def in_order(twin):
-    """``twin`` with its panels one after another (ways 1): the same values, the other layout."""
-    plain = type(twin).__new__(type(twin))
-    plain.__dict__.update(twin.__dict__)
-    plain._buffers = dict(twin._buffers)
-    for name in twin.LAID:
-        plain._buffers[name] = twin.in_order(name)
-    plain.ways = 1
+    """A copy of ``twin`` with its panels one after another (ways 1): the same values, the other layout."""
+    plain = copy.deepcopy(twin)
+    plain.interleave(1)
     return plain
 
 

@@ -18,9 +18,10 @@ from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear, cpu_bf16_units
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
+from .int4_panels import Int4MinPanels, Int4Panels
 from .joint import join
 from .panels import huge_arena
-from .quant_panels import Int4MinPanels, Int4Panels, Int8Panels, PanelLinear, finished, ops_ready, rows_of
+from .quant_panels import Int8Panels, PanelLinear, finished, ops_ready, rows_of
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
 # MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
