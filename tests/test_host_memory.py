@@ -75,3 +75,51 @@ def test_a_cgroup_limit_bounds_what_is_available(tmp_path, monkeypatch, limit, u
     assert host_memory._cgroup_left() == left
     monkeypatch.setattr(host_memory, "_meminfo_available", lambda: 1 << 40)
     assert host_memory.available_bytes() == (1 << 40 if left is None else left)
+
+
+def test_in_own_arena_runs_on_the_loader_thread_and_raises_there():
+    import threading
+
+    from torchformer.host_memory import in_own_arena
+
+    names = {in_own_arena(lambda: threading.current_thread().name) for _ in range(3)}
+    assert len(names) == 1 and names.pop().startswith("torchformer-load")  # one thread, kept
+    assert in_own_arena(divmod, 7, 2) == (3, 1)
+    with pytest.raises(ValueError, match="invalid literal"):
+        in_own_arena(int, "seven")
+
+
+def test_load_any_runs_on_the_loader_thread_in_the_callers_grad_mode(monkeypatch):
+    import threading
+
+    import torch
+
+    from torchformer import loading
+
+    seen = []
+    monkeypatch.setattr(
+        loading,
+        "_load_any",
+        lambda spec, **kw: seen.append((threading.current_thread().name, torch.is_grad_enabled(), spec, kw)),
+    )
+    loading.load_any("x", dtype="bf16")
+    with torch.no_grad():
+        loading.load_any("y", device="meta")  # not the CPU: loaded where it is called
+        loading.load_any("z")
+    assert [(s[0].startswith("torchformer-load"), s[1], s[2]) for s in seen] == [
+        (True, True, "x"),
+        (False, False, "y"),
+        (True, False, "z"),
+    ]
+    assert seen[0][3] == {"seed": 0, "device": "cpu", "dtype": "bf16", "quantize": None, "group_size": None}
+
+
+def test_a_loaded_preset_is_the_same_model_on_the_loader_thread():
+    import torch
+
+    import torchformer as tfm
+    from torchformer import loading
+
+    a = tfm.load_any("llama-tiny", seed=5)
+    b = loading._load_any("llama-tiny", seed=5, device="cpu", dtype=None, quantize=None, group_size=None)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

@@ -7,6 +7,7 @@ names another; ``DTYPES`` are the names the CLI's ``--dtype`` takes.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from torch import nn
 from . import presets
 from .configs import ModelConfig
 from .extras import require
+from .host_memory import in_own_arena
 from .models.build import build_model
 from .models.saving import (
     CONFIG_FILE,
@@ -70,7 +72,33 @@ def load_any(
     floating parameters to it (``cast``). quantize "int8" / "int4" (``group_size``) then quantizes
     it (``tfm.quantize``) linear by linear as it comes from the file: the float weights of a
     memory-mapped checkpoint are read once and never all held, so the process ends up holding the
-    integer model (plus the float tables quantize leaves), not the float one too."""
+    integer model (plus the float tables quantize leaves), not the float one too.
+
+    A CPU load runs on the process's loader thread (host_memory.py ``in_own_arena``): its
+    temporaries stay out of the heap that generation allocates from."""
+    read = functools.partial(
+        _load_any, spec, seed=seed, device=device, dtype=dtype, quantize=quantize, group_size=group_size
+    )
+    if torch.device(device).type != "cpu":
+        return read()
+    grad = torch.is_grad_enabled()  # thread-local: carried over
+
+    def on_loader() -> nn.Module:
+        with torch.set_grad_enabled(grad):
+            return read()
+
+    return in_own_arena(on_loader)
+
+
+def _load_any(
+    spec: str | os.PathLike,
+    *,
+    seed: int,
+    device: str,
+    dtype: torch.dtype | str | None,
+    quantize: str | None,
+    group_size: int | None,
+) -> nn.Module:
     dtype = as_dtype(dtype, "dtype")
     kind = model_kind(spec)
     if quantize is not None or group_size is not None:  # every argument checked before any weight is read

@@ -9,10 +9,23 @@ recompile per token.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from ..host_memory import zeroed_pages
+
+
+def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """torch.zeros for one cache tensor; on the CPU, from OWN_MAPPING bytes, in a mapping of its own
+    (host_memory.py ``zeroed_pages``): freed whole at the end of a generate call, never a hole in
+    the heap, and a page is resident only once a position in it is written."""
+    pages = zeroed_pages(math.prod(shape) * dtype.itemsize) if torch.device(device).type == "cpu" else None
+    if pages is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the mapping
 
 
 @dataclass
@@ -58,8 +71,7 @@ class KVCache:
         shape = (batch_size, n_kv_heads, max_len + 1, head_dim)
         v_shape = shape[:-1] + (head_dim if v_dim is None else v_dim,)
         layers = [
-            LayerCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(v_shape, dtype=dtype, device=device))
-            for _ in range(n_layers)
+            LayerCache(cache_zeros(shape, dtype, device), cache_zeros(v_shape, dtype, device)) for _ in range(n_layers)
         ]
         return cls(layers=layers, max_len=max_len)
 
