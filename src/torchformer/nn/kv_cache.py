@@ -17,12 +17,15 @@ from torch import Tensor
 
 from ..host_memory import zeroed_pages
 
+CPU = torch.device("cpu")
+
 
 def cache_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> Tensor:
     """torch.zeros for one cache tensor; on the CPU, from OWN_MAPPING bytes, in a mapping of its own
     (host_memory.py ``zeroed_pages``): freed whole at the end of a generate call, never a hole in
     the heap, and a page is resident only once a position in it is written."""
-    pages = zeroed_pages(math.prod(shape) * dtype.itemsize) if torch.device(device).type == "cpu" else None
+    on_cpu = torch.device(device).type == CPU.type
+    pages = zeroed_pages(math.prod(shape) * dtype.itemsize) if on_cpu else None
     if pages is None:
         return torch.zeros(shape, dtype=dtype, device=device)
     return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the mapping
