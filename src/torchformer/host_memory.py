@@ -272,18 +272,29 @@ def zeroed_pages(nbytes: int) -> mmap.mmap | None:
 # objects it keeps, which pin the heap's top: the free space stays in the heap, and generation's
 # allocations land all over it, touching pages the trim after the load had given back (the same
 # benchmark: the heap 87 MiB after import, 176-452 after the Q4_0 file's load, 191-311 after four
-# rounds). Run on a thread that lives as long as the process, the load's temporaries go to that
-# thread's arena, which nothing else allocates from once it is trimmed.
-_loader: tuple[int, object] | None = None  # (pid that made it, its executor): a fork gets a new one
+# rounds). Run on a thread of its own, the load's temporaries go to that thread's arena instead.
+# The thread ends with the load: a thread kept alive would keep its OpenMP workers too, and libgomp
+# lets idle workers sleep (~50 us to wake, every parallel region) once a process has more OpenMP
+# threads than CPUs (RESULTS.md, the 1B serving table's notes).
 
 
 def in_own_arena(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` run on the process's loader thread (one, started on first use), its
-    result returned and its exception raised here. The caller's thread-local state does not travel:
-    a caller passes what ``fn`` needs (torch's grad mode, its default device) as arguments."""
-    global _loader
-    from concurrent.futures import ThreadPoolExecutor
+    """``fn(*args, **kwargs)`` run on a thread of its own, which ends with it; its result returned
+    and its exception raised here. The caller's thread-local state does not travel: a caller passes
+    what ``fn`` needs (torch's grad mode, its default device) as arguments."""
+    import threading
 
-    if _loader is None or _loader[0] != os.getpid():
-        _loader = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="torchformer-load"))
-    return _loader[1].submit(fn, *args, **kwargs).result()
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["value"] = fn(*args, **kwargs)
+        except BaseException as error:  # re-raised on the caller's thread, traceback and all
+            done["error"] = error
+
+    thread = threading.Thread(target=run, name="torchformer-load", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]

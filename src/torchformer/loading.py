@@ -74,7 +74,7 @@ def load_any(
     memory-mapped checkpoint are read once and never all held, so the process ends up holding the
     integer model (plus the float tables quantize leaves), not the float one too.
 
-    A CPU load runs on the process's loader thread (host_memory.py ``in_own_arena``): its
+    A CPU load runs on a thread of its own (host_memory.py ``in_own_arena``): its
     temporaries stay out of the heap that generation allocates from."""
     read = functools.partial(
         _load_any, spec, seed=seed, device=device, dtype=dtype, quantize=quantize, group_size=group_size
