@@ -260,8 +260,11 @@ def zeroed_pages(nbytes: int) -> mmap.mmap | None:
     system refuses one."""
     if nbytes < OWN_MAPPING:
         return None
+    # Private where the system says so: Python's default on POSIX is a shared mapping, which a
+    # forked child would write through to its parent's cache.
+    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
     try:
-        return mmap.mmap(-1, nbytes)
+        return mmap.mmap(-1, nbytes, **private)
     except (OSError, ValueError):
         return None
 

@@ -67,3 +67,17 @@ def test_the_cache_reorders_and_writes_like_a_plain_one():
     assert torch.equal(full_k[0, :, :3], k[0]) and torch.equal(full_v[1, :, 5:8], v[1])
     cache.reorder(torch.tensor([1, 1]))
     assert torch.equal(cache.layers[1].k[0, :, 5:8], k[1]) and torch.equal(cache.layers[1].k[1, :, 5:8], k[1])
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork (POSIX)")
+def test_a_forked_child_writes_its_own_copy_of_the_cache():
+    import os
+
+    cache = KVCache.allocate(1, 1, 4096, 4, 64, dtype=torch.float32, device=torch.device("cpu"))  # 4 MiB a tensor
+    k = cache.layers[0].k
+    pid = os.fork()
+    if pid == 0:  # the child writes a few elements (too few for a parallel region) and leaves at once
+        k.view(-1)[:8].fill_(7.0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert not k.view(-1)[:8].any(), "the child's writes reached the parent's cache (a shared mapping)"
