@@ -90,7 +90,7 @@ def test_in_own_arena_runs_on_the_loader_thread_and_raises_there():
         in_own_arena(int, "seven")
 
 
-def test_load_any_runs_on_the_loader_thread_in_the_callers_grad_mode(monkeypatch):
+def test_load_any_runs_on_a_thread_of_its_own_in_the_callers_modes(monkeypatch):
     import threading
 
     import torch
@@ -98,21 +98,34 @@ def test_load_any_runs_on_the_loader_thread_in_the_callers_grad_mode(monkeypatch
     from torchformer import loading
 
     seen = []
-    monkeypatch.setattr(
-        loading,
-        "_load_any",
-        lambda spec, **kw: seen.append((threading.current_thread().name, torch.is_grad_enabled(), spec, kw)),
-    )
-    loading.load_any("x", dtype="bf16")
+
+    def fake(spec, **kw):
+        me = threading.current_thread()
+        seen.append(
+            (me.name, me is threading.main_thread(), torch.is_grad_enabled(), torch.is_inference_mode_enabled(), spec)
+        )
+        return kw
+
+    monkeypatch.setattr(loading, "_load_any", fake)
+    assert loading.load_any("x", dtype="bf16") == {
+        "seed": 0,
+        "device": "cpu",
+        "dtype": "bf16",
+        "quantize": None,
+        "group_size": None,
+    }
     with torch.no_grad():
         loading.load_any("y", device="meta")  # not the CPU: loaded where it is called
         loading.load_any("z")
-    assert [(s[0].startswith("torchformer-load"), s[1], s[2]) for s in seen] == [
-        (True, True, "x"),
-        (False, False, "y"),
-        (True, False, "z"),
+    with torch.inference_mode():
+        loading.load_any("w")
+    assert [s[1:] for s in seen] == [
+        (False, True, False, "x"),
+        (True, False, False, "y"),
+        (False, False, False, "z"),
+        (False, False, True, "w"),
     ]
-    assert seen[0][3] == {"seed": 0, "device": "cpu", "dtype": "bf16", "quantize": None, "group_size": None}
+    assert all(s[0] == "torchformer-load" for s in seen if not s[1])
 
 
 def test_a_loaded_preset_is_the_same_model_on_the_loader_thread():

@@ -81,10 +81,11 @@ def load_any(
     )
     if torch.device(device).type != "cpu":
         return read()
-    grad = torch.is_grad_enabled()  # thread-local: carried over
+    # Thread-local, carried over: the serving engine loads under inference_mode (inference tensors).
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def on_loader() -> nn.Module:
-        with torch.set_grad_enabled(grad):
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
             return read()
 
     return in_own_arena(on_loader)
