@@ -230,8 +230,10 @@ def huge_page_memory(nbytes: int) -> tuple[mmap.mmap, int] | None:
     than HUGE_PAGE bytes, ``huge_pages_wanted`` false, or a failed mapping."""
     if nbytes < HUGE_PAGE or not huge_pages_wanted():
         return None
+    mapping = anonymous_pages(nbytes + HUGE_PAGE)
+    if mapping is None:
+        return None
     try:
-        mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         start = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         advise = madvise()
     except (OSError, ValueError, AttributeError):
@@ -248,8 +250,8 @@ def huge_page_memory(nbytes: int) -> tuple[mmap.mmap, int] | None:
 # its own cache then grows the heap again, so the heap (resident once touched) creeps call after
 # call. Measured (the Llama-3.2-1B shape's Q4_0 GGUF file, compiled, the engines benchmark's calls:
 # batch 1, batch 8, a 512-token prefill, four rounds in one process; peak RSS beyond the weights
-# held and the largest cache): 337-388 MiB with the cache in the heap, 296-329 in mappings of its
-# own; 253-255 with the load's arena apart too (``in_own_arena``).
+# held and the largest cache): 349-388 MiB with the cache in the heap, 296-329 in mappings of its
+# own; 227-228 with the load's arena apart too (``in_own_arena``).
 OWN_MAPPING = 1 << 20  # bytes from which a cache tensor gets a mapping of its own
 
 
@@ -258,10 +260,14 @@ def zeroed_pages(nbytes: int) -> mmap.mmap | None:
     is first touched and takes them all back when the mapping is freed, never through the heap.
     None below OWN_MAPPING (a mapping a page or two long wastes what it rounds up) or where the
     system refuses one."""
-    if nbytes < OWN_MAPPING:
-        return None
-    # Private where the system says so: Python's default on POSIX is a shared mapping, which a
-    # forked child would write through to its parent's cache.
+    return None if nbytes < OWN_MAPPING else anonymous_pages(nbytes)
+
+
+def anonymous_pages(nbytes: int) -> mmap.mmap | None:
+    """A fresh private anonymous mapping of ``nbytes`` zero bytes (``huge_page_memory``'s and
+    ``zeroed_pages``'), or None where the system refuses one. Private where the system says so:
+    Python's default on POSIX is a shared mapping, which a forked child writes through to its
+    parent's memory."""
     private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_ANONYMOUS") else {}
     try:
         return mmap.mmap(-1, nbytes, **private)
