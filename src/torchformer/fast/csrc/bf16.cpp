@@ -222,7 +222,16 @@ constexpr int64_t TILE_FROM = 3;  // rows of x from which the tiles take the pro
 // Measured (the 1B shape's 113 matrices, one row, 2 threads, weights in anonymous memory, eight
 // interleaved rounds with a plain streaming read of the same bytes, an AVX512-BF16 EPYC): fp32 x
 // and dot_rows 32.2 GB/s, this 34.0 (the streaming read 35.9); two accumulators per row beat one
-// (33.5), four (32.7) and eight (31.5); a prefetch 4 KB ahead beat 2 KB, 8 KB and none. Products
+// (33.5), four (32.7) and eight (31.5); a prefetch 4 KB ahead beat 2 KB, 8 KB and none. For one or
+// two rows of x, one prefetch a step (two 64-byte lines: the L2's adjacent-line prefetcher brings
+// the pair's other line) instead of one a line: measured (the same EPYC with the host at ~57 GB/s,
+// 2 threads, weights in one huge-page arena, variants interleaved with the plain read, best /
+// median of 6-10 rounds) over the toy shape's 43 matrices, one row: 55.5 / 50.5 GB/s against 44.3
+// / 41.0 (no prefetch 53.8 / 48.7, the plain read 56.5); two rows 103 / 98 against 88 / 83 (GB/s
+// times rows); 28 matrices of the 1B shape, one row: 56.2 / 55.1 against 56.2 / 47.7 (the read
+// 57.4). From three rows, where each line costs R instructions, one a line stays ahead: three
+// rows 129 / 124 against 126 / 105, four 162 / 161 against 159 / 134, eight 275 / 273 against 160
+// / 156. Products
 // are summed in fp32 from bf16 x: x is rounded to bf16 once, as oneDNN's bf16 product (the route
 // from formats.DOT_ROWS rows) and the model's own bf16 activations are. Compiled in the AVX-512
 // build for CPUs that have it, picked by fast/formats.py (DOT_UNITS); elsewhere the op refuses.
@@ -231,6 +240,9 @@ constexpr int64_t TILE_FROM = 3;  // rows of x from which the tiles take the pro
 #pragma GCC target("avx512bf16")
 namespace units {
 constexpr int UN = 2;  // 64-byte weight lines a step: two accumulators per row of x
+// Lines between prefetches: one a step (UN lines) for 1-2 rows of x, one a line from 3 (above).
+template <int R>
+constexpr int PREFETCH_EVERY = R <= 2 ? UN : 1;
 
 // Rows [0, R) of x (R, K) bf16 against weight rows [n0, n1): out[r * ldo + n].
 template <int R>
@@ -244,7 +256,7 @@ void dot_rows(const uint16_t* x, int64_t K, const uint16_t* w, int64_t n0, int64
     int64_t k = 0;
     for (; k < full; k += UN * PAIR) {
       for (int u = 0; u < UN; ++u) {
-        prefetch_l2(reinterpret_cast<const uint8_t*>(wr + k + u * PAIR) + AHEAD);
+        if (u % PREFETCH_EVERY<R> == 0) prefetch_l2(reinterpret_cast<const uint8_t*>(wr + k + u * PAIR) + AHEAD);
         const __m512bh wv = (__m512bh)_mm512_loadu_si512(wr + k + u * PAIR);
         for (int r = 0; r < R; ++r)
           acc[r][u] = _mm512_dpbf16_ps(acc[r][u], wv, (__m512bh)_mm512_loadu_si512(x + r * K + k + u * PAIR));
