@@ -23,6 +23,7 @@ from torch import nn
 
 from benchmarks.results import load_note, write_section
 from torchformer.fast import formats
+from torchformer.fast.bf16 import Bf16Linear
 from torchformer.nn.linear import Linear
 from torchformer.nn.quant import Int4Linear, Int8Linear
 
@@ -36,7 +37,7 @@ def systems(rows: int) -> dict[str, tuple[object, float]]:
     lins = [nn.Linear(k, n, bias=False) for _ in range(LAYERS) for n, k in SHAPES]
     x = {k: torch.randn(rows, k) for k in (D, FF)}
     xb = {k: v.bfloat16() for k, v in x.items()}
-    bf16 = [formats.Bf16Linear.of(Linear(m.in_features, m.out_features, bias=False).bfloat16()) for m in lins]
+    bf16 = [Bf16Linear.of(Linear(m.in_features, m.out_features, bias=False).bfloat16()) for m in lins]
     for twin, m in zip(bf16, lins, strict=True):
         twin.weight.data.copy_(m.weight.data)
     q8 = [Int8Linear.from_linear(m) for m in lins]

@@ -13,6 +13,7 @@ from torch import nn
 
 import torchformer as tfm
 from tests.grid import build, variants
+from torchformer.fast import bf16 as fast_bf16
 from torchformer.fast import formats
 from torchformer.nn.quant import Int4Linear, Int8Linear
 
@@ -176,7 +177,7 @@ def test_bf16_product_over_the_weight_as_it_is(n, k, rows):
     torch.testing.assert_close(out.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif(not formats.DOT_UNITS, reason="needs a CPU with AVX512-BF16 (vdpbf16ps) and the AVX-512 build")
+@pytest.mark.skipif(not fast_bf16.DOT_UNITS, reason="needs a CPU with AVX512-BF16 (vdpbf16ps) and the AVX-512 build")
 @pytest.mark.parametrize("n,k", [(40, 64), (33, 70), (7, 16), (50, 300), (5, 7), (3, 129)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17])
 def test_bf16_dot_over_bf16_rows_sums_their_products_in_fp32(n, k, rows):
@@ -194,7 +195,7 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
 
     torch.manual_seed(0)
     source = Linear(48, 20).bfloat16()
-    twin = formats.Bf16Linear.of(source)
+    twin = fast_bf16.Bf16Linear.of(source)
     assert twin.weight is source.weight and twin.bias is source.bias  # no copy
     assert twin.state_dict().keys() == source.state_dict().keys()
     x = torch.randn(2, 3, 48).bfloat16()
@@ -203,7 +204,7 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
     assert out.dtype == torch.bfloat16 and out.shape == (2, 3, 20)
     expected = x.double() @ source.weight.double().T + source.bias.double()
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=2e-2)  # one bf16 rounding of the result
-    long = torch.randn(2, formats.WIDEN_ROWS, 48).bfloat16()  # a prefill: widened slices and MKL
+    long = torch.randn(2, fast_bf16.WIDEN_ROWS, 48).bfloat16()  # a prefill: widened slices and MKL
     with torch.no_grad():
         got = twin(long)
     expected = long.double() @ source.weight.double().T + source.bias.double()
@@ -214,16 +215,16 @@ def test_bf16_linear_shares_its_parameters_and_trains_as_before():
 
 @pytest.mark.parametrize("units", [True, False])
 def test_bf16_units_route_bf16_activations_by_rows_and_the_kernel_takes_the_rest(monkeypatch, units):
-    """On a CPU with bf16 units (formats.BF16_UNITS, patched here so both routes run on any CPU) bf16
+    """On a CPU with bf16 units (fast_bf16.BF16_UNITS, patched here so both routes run on any CPU) bf16
     activations go to the vdpbf16ps kernel below DOT_ROWS rows where the CPU has AVX512-BF16
-    (formats.DOT_UNITS: never patched on, it would run an instruction the CPU lacks) and to F.linear's
+    (fast_bf16.DOT_UNITS: never patched on, it would run an instruction the CPU lacks) and to F.linear's
     bf16 product from there, or from UNIT_ROWS rows without AVX512-BF16; fp32 activations and CPUs
     without the units take the kernel over fp32 x (spies count both kernels' calls)."""
     from torchformer.nn.linear import Linear
 
-    dot = units and formats.DOT_UNITS
-    monkeypatch.setattr(formats, "BF16_UNITS", units)
-    monkeypatch.setattr(formats, "DOT_UNITS", dot)
+    dot = units and fast_bf16.DOT_UNITS
+    monkeypatch.setattr(fast_bf16, "BF16_UNITS", units)
+    monkeypatch.setattr(fast_bf16, "DOT_UNITS", dot)
     calls = []
     ops = formats.torch.ops.torchformer
     for name in ("bf16_linear", "bf16_dot"):
@@ -236,17 +237,17 @@ def test_bf16_units_route_bf16_activations_by_rows_and_the_kernel_takes_the_rest
         monkeypatch.setattr(ops, name, spy)
     torch.manual_seed(0)
     source = Linear(64, 24).bfloat16()
-    twin = formats.Bf16Linear.of(source)
+    twin = fast_bf16.Bf16Linear.of(source)
     bf16 = torch.bfloat16
-    cases = [(1, bf16), (formats.UNIT_ROWS - 1, bf16), (formats.UNIT_ROWS, bf16), (9, bf16),
-             (formats.DOT_ROWS - 1, bf16), (formats.DOT_ROWS, bf16), (9, torch.float32)]  # fmt: skip
+    cases = [(1, bf16), (fast_bf16.UNIT_ROWS - 1, bf16), (fast_bf16.UNIT_ROWS, bf16), (9, bf16),
+             (fast_bf16.DOT_ROWS - 1, bf16), (fast_bf16.DOT_ROWS, bf16), (9, torch.float32)]  # fmt: skip
     with torch.no_grad():
         for rows, dtype in cases:
             x = torch.randn(rows, 64).to(dtype)
             calls.clear()
             out = twin(x)
-            on_dot = dot and dtype == bf16 and rows < formats.DOT_ROWS
-            native = units and dtype == bf16 and not on_dot and rows >= formats.UNIT_ROWS
+            on_dot = dot and dtype == bf16 and rows < fast_bf16.DOT_ROWS
+            native = units and dtype == bf16 and not on_dot and rows >= fast_bf16.UNIT_ROWS
             expected_calls = [] if native else [("bf16_dot" if on_dot else "bf16_linear", rows)]
             assert calls == expected_calls, (rows, dtype)
             if native:  # the very product F.linear makes
@@ -260,7 +261,7 @@ def test_prepare_moves_a_bf16_model_onto_the_kernel_and_greedy_decoding_agrees(m
     v = next(v for v in variants(("decoder",)) if not v["bias"])
     fast = build(v).bfloat16().eval()
     plain = build(v).bfloat16().eval()
-    assert formats.prepare(fast) > 0 and any(type(m) is formats.Bf16Linear for m in fast.modules())
+    assert formats.prepare(fast) > 0 and any(type(m) is fast_bf16.Bf16Linear for m in fast.modules())
     assert formats.prepare(fast) == 0  # idempotent
     ids = torch.randint(0, fast.config.vocab_size, (2, 7))
     with torch.no_grad():
@@ -268,7 +269,7 @@ def test_prepare_moves_a_bf16_model_onto_the_kernel_and_greedy_decoding_agrees(m
     torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)  # bf16 roundings of the same fp32 sums, reordered
     monkeypatch.setattr(formats, "ops_ready", lambda: False)
     other = build(v).bfloat16().eval()
-    assert formats.prepare(other) == 0 and not any(type(m) is formats.Bf16Linear for m in other.modules())
+    assert formats.prepare(other) == 0 and not any(type(m) is fast_bf16.Bf16Linear for m in other.modules())
 
 
 def products():

@@ -1,6 +1,6 @@
 """Which fast twin a module gets on this CPU, and the swap: quantized linears become their panel
 twins (fast/quant_panels.py, the integer kernels), bf16 ``Linear``s become ``Bf16Linear`` (the bf16
-kernel over the module's own weight). The layout belongs to the CPU that runs it, so it is made at
+kernel over the module's own weight, fast/bf16.py). The layout belongs to the CPU that runs it, so it is made at
 run time and never saved: ``tfm.quantize`` and ``tfm.load`` call ``prepare``; it does nothing where
 the kernels are not built (neither AVX-512 nor AVX2, no compiler, ``TORCHFORMER_NATIVE=0``), on other devices, or
 for shapes the kernels do not take (K not a multiple of 4 for int8, a group not a multiple of 8 for
@@ -10,93 +10,20 @@ int4).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..host_memory import file_mappings, in_file_mapping
 from ..host_memory import release_mapped as release_mapped_pages
-from ..nn.linear import Linear, cpu_bf16_units
+from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
+from .bf16 import Bf16Linear
 from .int4_panels import Int4MinPanels, Int4Panels
-from .joint import join
+from .joint import bf16_groups, join
 from .panels import huge_arena
-from .quant_panels import Int8Panels, PanelLinear, finished, ops_ready, rows_of
+from .quant_panels import Int8Panels, PanelLinear, ops_ready
 
-# From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
-# MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
-# whole matrix). Measured over 2 layers of the Llama-3.2-1B shape, 2 threads: 16 rows: kernel
-# 45 GFLOP/s, slices 26; 64 rows: 42 vs 59; 512 rows: 40 vs 125.
-WIDEN_ROWS, WIDEN_SLICE = 48, 256
-
-# On a CPU with bf16 dot-product units (AVX512-BF16 or AMX) a bf16 model's activations are already
-# bf16, and oneDNN's bf16 product (F.linear) multiplies them natively: from UNIT_ROWS rows it beats
-# both the kernel over fp32 x and the widened slices. Measured (benchmarks.formats: 4 layers of the
-# 1B shape, 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs
-# 30.7, 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
-# 256: 711 vs 296. Without those units torch converts at every call: never taken. Decided once.
-BF16_UNITS = cpu_bf16_units()
-UNIT_ROWS = 5
-# Where the CPU has AVX512-BF16 itself, bf16 activations of fewer than DOT_ROWS rows take the
-# kernel's `vdpbf16ps` product instead (csrc/bf16.cpp ``bf16_dot``: x as it comes, one instruction
-# per 64-byte weight line and row), ahead of both. Measured over the 1B shape's 113 matrices (2
-# threads, the same EPYC, best of 4, ms, bf16_dot / bf16_linear over fp32 x / F.linear): 1 row
-# 73.9 / 74.0 / 149, 2: 71.2 / 80.7 / 146, 4: 81.3 / 118 / 154, 8: 112 / 284 / 182, 12: 172 / 366
-# / 203, 16: 224 / 505 / 223; one row against a plain streaming read of the same bytes: 34.0 GB/s
-# against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
-DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
-DOT_ROWS = 16
 STREAM_CHUNK = 32 << 20  # bytes of a mapped bf16 weight copied into huge pages at a time (stream_mapped_bf16)
-
-
-def widened_product(x2: Tensor, w: Tensor) -> Tensor:
-    """x2 (rows, K) fp32 @ w (N, K)^T for a 16-bit w: each slice of rows of w widened to fp32
-    then multiplied by MKL (rows, N)."""
-    out_t = x2.new_empty((w.shape[0], x2.shape[0]))  # (N, rows): each slice's result is contiguous
-    for start in range(0, w.shape[0], WIDEN_SLICE):
-        part = w[start : start + WIDEN_SLICE].float()  # (slice, K)
-        torch.mm(part, x2.t(), out=out_t[start : start + WIDEN_SLICE])
-    return out_t.t()  # (rows, N)
-
-
-class Bf16Linear(Linear):
-    """A bf16 ``Linear`` whose inference products on the CPU run the kernel over its own weight
-    (csrc/bf16.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
-    torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
-    rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md); on a CPU with bf16
-    units, bf16 activations take the kernel's vdpbf16ps product below DOT_ROWS rows where the CPU
-    has AVX512-BF16, and oneDNN's bf16 product from there (from UNIT_ROWS rows without it).
-    Training, autograd, other dtypes and devices take ``Linear``'s path."""
-
-    @classmethod
-    def of(cls, source: Linear) -> Bf16Linear:
-        twin = cls.__new__(cls)
-        twin.__dict__.update(source.__dict__)  # the same Parameters, hooks and flags, not copies
-        return twin
-
-    def forward(self, x: Tensor) -> Tensor:
-        w = self.weight
-        if w.dtype != torch.bfloat16 or not (x.is_cpu and w.is_cpu) or self.grad_needed(x):
-            return super().forward(x)
-        rows = x.numel() // max(1, x.shape[-1])
-        if BF16_UNITS and x.dtype == torch.bfloat16:  # the CPU's bf16 units (module top)
-            if DOT_UNITS and rows < DOT_ROWS:  # vdpbf16ps over x as it comes
-                out = torch.ops.torchformer.bf16_dot(x.reshape(rows, -1).contiguous(), w.contiguous())  # (rows, N)
-                return self.finish(out, x)
-            if rows >= UNIT_ROWS:
-                return F.linear(x, w, self.bias)  # oneDNN's bf16 product
-        x2 = rows_of(x)  # (rows, K) fp32
-        if rows < WIDEN_ROWS:
-            out = torch.ops.torchformer.bf16_linear(x2, w.contiguous())  # (rows, N)
-        else:
-            out = widened_product(x2, w)
-        return self.finish(out, x)
-
-    def finish(self, out: Tensor, x: Tensor) -> Tensor:
-        return finished(out, x, self.bias, self.out_features)
-
-    def grad_needed(self, x: Tensor) -> bool:
-        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
 
 
 def fits(module: nn.Module) -> type[nn.Module] | None:
@@ -148,9 +75,13 @@ def stream_mapped_bf16(model: nn.Module) -> int:
     weights of under 2 MiB each get them too), STREAM_CHUNK bytes at a time, each chunk's mapped
     pages given back once copied: the process holds one copy and at most a chunk twice (the 1B
     shape's tied table whole: +440 MiB of peak). The same Parameters, their values unchanged (a tied
-    table's embedding reads the copy too); a weight already in memory stays where it is. Returns the
-    bytes moved."""
+    table's embedding reads the copy too); a weight already in memory stays where it is. The
+    members of each group ``join`` makes one product of (fast/joint.py ``bf16_groups``: q/k/v,
+    gate/up) come end to end, so that their joint weight is their own bytes, not a copy. Returns
+    the bytes moved."""
     candidates = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Bf16Linear)}  # tied: once
+    first = {id(w): i for i, w in enumerate(w for group in bf16_groups(model) for w in group)}
+    candidates = dict(sorted(candidates.items(), key=lambda item: first.get(item[0], len(first))))  # stable
     candidates = [w for w in candidates.values() if w.dtype == torch.bfloat16 and w.is_cpu and w.is_contiguous()]
     mappings = file_mappings() if candidates else []  # read once, and only for a model with bf16 twins
     found = [w for w in candidates if in_file_mapping(w, mappings)]

@@ -16,12 +16,24 @@ rounded the same way once instead of two or three times. Up to CONTIGUOUS_ROWS r
 output is bit-equal too; past them (a prefill) an fp32 model's parts stay strided views, which an
 elementwise kernel downstream may round by an ulp otherwise (GELU).
 
+bf16 members (fast/bf16.py ``Bf16Linear``: one dtype, one K) join the same way (``Bf16Joint``):
+their weights end to end are one (sum N_i, K) matrix, and one product over it gives each member's
+outputs bit for bit (the kernel sums each output over its own weight row). A loaded model's
+weights already lie end to end (fast/formats.py ``stream_mapped_bf16`` lays each group's members
+so), and the joint weight is a window onto their bytes; elsewhere ``join`` copies the members into
+one block first, each member's Parameter then a window onto its rows (the same Parameter, its
+values unchanged). Each window has a storage of its own (a compile region refuses inputs sharing
+one), so the members can run on their own at any time: prefills of bf16 activations take oneDNN's
+product per member (``route`` "units"), and training needs no parting. Measured (the toy shape's
+43 bf16 products of a batch-1 step against 25 joint ones, one row, 2 threads, in huge pages,
+through Python, best of 30 in four rounds): 0.91-1.09 ms against 0.86-0.96.
+
 A member whose tensors were replaced since (a load into it repacks, a dtype cast) no longer views
 the joint buffer; a member swapped for another module (an adapter's wrapper) is no longer the one
 joined: an eager call checks both, and hooks, and takes the members' own products; ``join`` (run
 by ``prepare``, so by every generate's and the serving engine's scope before its compiled step
 runs) joins them again or lets the owner go back to its own products, giving each member its own
-copy of its rows first (``Joint.unshare``: a compile region refuses inputs that alias one another,
+copy of its rows first (``PanelJoint.unshare``: a compile region refuses inputs that alias one another,
 as the members' views would once they run on their own), as ``train()`` does. Grad mode and other
 devices take the members' forwards (the reference products, as ``PanelLinear`` does); traced, the
 members' identity is guarded, their tensors checked where the step's scope opened.
@@ -34,10 +46,11 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from ..host_memory import trim
+from ..host_memory import release_mapped, trim
 from ..nn.attention import Attention
 from ..nn.mlp import GatedMLP
-from .panels import LANES, stream_zeros
+from .bf16 import Bf16Linear, bf16_product, route
+from .panels import LANES, storage_window, stream_zeros
 from .quant_panels import PanelLinear, rows_of
 
 # owner class -> (the method its twin runs jointly, its members' attribute names)
@@ -46,17 +59,71 @@ OWNERS = {Attention: ("project", ("q_proj", "k_proj", "v_proj")), GatedMLP: ("ga
 JOINED = ("panels", "scale", "super_scale", "minimum", "super_min")
 SAME = ("in_features", "group_size", "super_group", "bits", "ways")  # what the members must share
 CONTIGUOUS_ROWS = 64  # up to this many rows (decoding, short prompts) the split parts are copied contiguous
+JOINT_ROUTES = ("dot", "kernel")  # the bf16 routes (fast/bf16.py ``route``) a Bf16Joint takes
 
 
 class Joint:
-    """One owner's joint buffer: a panel twin over all members' rows (``fused``, a plain attribute,
-    not a child module, so the owner's module tree and state dict do not change) and the members'
-    views of it."""
+    """One owner's members run as one product (``product``, by the subclass: panel twins or bf16
+    weights), its output split per member, each finishing its own part (bias, dtype)."""
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...]) -> None:
         self.names = names
         self.members = [getattr(owner, n) for n in names]
         self.widths = [m.out_features for m in self.members]
+
+    def mine(self, owner: nn.Module) -> bool:
+        """Whether the members are still the owner's modules (not swapped for a wrapper)."""
+        return all(getattr(owner, n, None) is m for n, m in zip(self.names, self.members))
+
+    def takes(self, owner: nn.Module, x: Tensor) -> bool:
+        """Whether this call runs jointly: the kernels' conditions, the same members and (eager) an
+        unchanged group without hooks. Traced, the members' identity becomes dynamo's guards; their
+        tensors are checked where the step's scope opened (``join``, just before)."""
+        if not self.runs(x) or not self.mine(owner):
+            return False
+        if torch.compiler.is_compiling():
+            return True
+        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.members)
+        return not hooked and self.current(owner)
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
+        """x (..., K) -> each member's output (..., N_i)."""
+        out = self.product(x)  # (rows, sum N_i) fp32
+        parts = out.split(self.widths, dim=-1)
+        if out.shape[0] <= CONTIGUOUS_ROWS:
+            # Each part contiguous, as the member's own product is: a strided one can take another
+            # kernel downstream (GELU's scalar loop rounds otherwise than its vectorized one). A
+            # prefill's parts stay views: copies would add a whole output (the 1B shape's gate/up
+            # at 512 rows: 33.5 MB) to the peak, for an ulp of fp32 activations' GELU.
+            parts = [p.contiguous() for p in parts]
+        return tuple(m.finish(o, x) for m, o in zip(self.members, parts))
+
+    def runs(self, x: Tensor) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def product(self, x: Tensor) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def current(self, owner: nn.Module) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def unshare(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class PanelJoint(Joint):
+    """Panel twins' joint buffer: a panel twin over all members' rows (``fused``, a plain attribute,
+    not a child module, so the owner's module tree and state dict do not change) and the members'
+    views of it."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__(owner, names)
+        if any(m.out_features // LANES % m.ways for m in self.members[:-1]):
+            # Interleaved panels (quant_panels.py ``interleave``) end to end are the whole's layout
+            # only where no group but the last is short: members narrower than that (a toy's q of
+            # two panels) join with their panels in order.
+            for m in self.members:
+                m.interleave(1)
         first = self.members[0]
         fused = type(first).__new__(type(first))
         nn.Module.__init__(fused)
@@ -75,26 +142,17 @@ class Joint:
         self.fused = fused
         self.views = [tuple(m._buffers.get(n) for n in JOINED) for m in self.members]
 
+    def runs(self, x: Tensor) -> bool:
+        return self.members[0].runs(x)
+
+    def product(self, x: Tensor) -> Tensor:
+        return self.fused.product(rows_of(x))
+
     def current(self, owner: nn.Module) -> bool:
         """Whether the members are still the owner's and still view the joint buffer."""
         return self.mine(owner) and all(
             m._buffers.get(n) is t for m, views in zip(self.members, self.views) for n, t in zip(JOINED, views)
         )
-
-    def mine(self, owner: nn.Module) -> bool:
-        """Whether the members are still the owner's modules (not swapped for a wrapper)."""
-        return all(getattr(owner, n, None) is m for n, m in zip(self.names, self.members))
-
-    def takes(self, owner: nn.Module, x: Tensor) -> bool:
-        """Whether this call runs jointly: the kernels' conditions, the same members and (eager) an
-        unchanged group without hooks. Traced, the members' identity becomes dynamo's guards; their
-        tensors are checked where the step's scope opened (``join``, just before)."""
-        if not self.members[0].runs(x) or not self.mine(owner):
-            return False
-        if torch.compiler.is_compiling():
-            return True
-        hooked = any(m._forward_hooks or m._forward_pre_hooks for m in self.members)
-        return not hooked and self.current(owner)
 
     def unshare(self) -> None:
         """Give each member its own copy of what still views the joint buffer. A compile region
@@ -105,17 +163,61 @@ class Joint:
                 if view is not None and m._buffers.get(name) is view:
                     m._buffers[name] = view.clone()
 
-    def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
-        """x (..., K) -> each member's output (..., N_i)."""
-        out = self.fused.product(rows_of(x))  # (rows, sum N_i) fp32
-        parts = out.split(self.widths, dim=-1)
-        if out.shape[0] <= CONTIGUOUS_ROWS:
-            # Each part contiguous, as the member's own product is: a strided one can take another
-            # kernel downstream (GELU's scalar loop rounds otherwise than its vectorized one). A
-            # prefill's parts stay views: copies would add a whole output (the 1B shape's gate/up
-            # at 512 rows: 33.5 MB) to the peak, for an ulp of fp32 activations' GELU.
-            parts = [p.contiguous() for p in parts]
-        return tuple(m.finish(o, x) for m, o in zip(self.members, parts))
+
+class Bf16Joint(Joint):
+    """bf16 members' weights as one (sum N_i, K) matrix (module docstring): ``fused.weight``, a
+    window onto the members' own bytes (``fused`` a plain module holding it as a buffer, which the
+    compiled step takes as an input: fast/exported.py ``input_slots``)."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]) -> None:
+        super().__init__(owner, names)
+        weights = [m.weight for m in self.members]
+        if not end_to_end(weights):
+            lay_end_to_end(weights)
+        self.fused = nn.Module()
+        shape = (sum(self.widths), weights[0].shape[1])
+        self.fused._buffers["weight"] = storage_window(weights[0], shape, keep=[w.data for w in weights])
+        self.held = [(w, w.data_ptr(), tuple(w.shape)) for w in weights]
+
+    def runs(self, x: Tensor) -> bool:
+        return all(m.runs(x) for m in self.members) and route(x) in JOINT_ROUTES
+
+    def product(self, x: Tensor) -> Tensor:
+        return bf16_product(x, self.fused.weight)
+
+    def current(self, owner: nn.Module) -> bool:
+        """Whether the members are still the owner's, with the same Parameters over the same bytes
+        (a cast or a load that assigns gives a Parameter other data; an in-place load writes
+        through to the joint weight, which stays current)."""
+        return self.mine(owner) and all(
+            m._parameters.get("weight") is w and w.data_ptr() == ptr and w.dtype == torch.bfloat16 and w.shape == shape
+            for m, (w, ptr, shape) in zip(self.members, self.held)
+        )
+
+    def unshare(self) -> None:
+        """Nothing to part: each member's window has a storage of its own."""
+
+
+def end_to_end(weights: list[Tensor]) -> bool:
+    """Whether ``weights`` (contiguous, one dtype and K) lie one right after another in memory."""
+    return all(b.data_ptr() == a.data_ptr() + a.numel() * a.element_size() for a, b in zip(weights, weights[1:]))
+
+
+def lay_end_to_end(weights: list[Tensor]) -> None:
+    """Copy the (bf16, one K) ``weights`` into one block, in huge pages where it spans one, each
+    Parameter then a window onto its rows (the same Parameter and values); made as the weights were
+    (normal or inference tensors, as fast/formats.py ``move_into_arena`` says why). Pages a file's
+    mapping held are given back."""
+    with torch.inference_mode(weights[0].is_inference()), torch.no_grad():
+        block = stream_zeros((sum(w.shape[0] for w in weights), weights[0].shape[1]), weights[0].dtype)
+        start = 0
+        for w in weights:
+            old = w.data
+            rows = block[start : start + w.shape[0]]
+            rows.copy_(old)
+            w.data = storage_window(rows, tuple(rows.shape), keep=[block])
+            release_mapped(old)
+            start += w.shape[0]
 
 
 def joined(parts: list[Tensor]) -> Tensor:
@@ -140,6 +242,35 @@ def joinable(members: list[nn.Module]) -> bool:
         if ts[0] is not None and any(t.dtype != ts[0].dtype or t.shape[1:] != ts[0].shape[1:] for t in ts):
             return False
     return True
+
+
+def bf16_joinable(members: list[nn.Module]) -> bool:
+    """Whether bf16 members can run as one product: each an exact ``Bf16Linear`` (a subclass may
+    compute otherwise) with its own contiguous bf16 CPU weight of one K, all normal or all
+    inference tensors, no hooks."""
+    if not members or any(type(m) is not Bf16Linear or m._forward_hooks or m._forward_pre_hooks for m in members):
+        return False
+    weights = [m.weight for m in members]
+    if len({id(w) for w in weights}) < len(weights):
+        return False
+    first = weights[0]
+    return all(
+        w.dtype == torch.bfloat16 and w.is_cpu and w.dim() == 2 and w.is_contiguous() and w.shape[1] == first.shape[1]
+        and w.is_inference() == first.is_inference()
+        for w in weights
+    )  # fmt: skip
+
+
+def bf16_groups(model: nn.Module) -> list[list[Tensor]]:
+    """The weights of each owner's bf16 members that ``join`` would make one product of."""
+    groups = []
+    for module in model.modules():
+        base = base_class(module)
+        if base is not None:
+            members = [getattr(module, n, None) for n in OWNERS[base][1]]
+            if bf16_joinable(members):
+                groups.append([m.weight for m in members])
+    return groups
 
 
 class JointOwner:
@@ -193,20 +324,15 @@ def join(model: nn.Module) -> int:
         if isinstance(module, JointOwner) and module.joint is not None and module.joint.current(module):
             joined += 1
             continue
-        if not joinable([getattr(module, n, None) for n in names]):
+        members = [getattr(module, n, None) for n in names]
+        kind = PanelJoint if joinable(members) else Bf16Joint if bf16_joinable(members) else None
+        if kind is None:
             if isinstance(module, JointOwner) and module.joint is not None:
                 module.joint.unshare()
                 module.joint = None
             continue
-        members = [getattr(module, n) for n in names]
-        if any(m.out_features // LANES % m.ways for m in members[:-1]):
-            # Interleaved panels (quant_panels.py ``interleave``) end to end are the whole's layout
-            # only where no group but the last is short: members narrower than that (a toy's q of
-            # two panels) join with their panels in order.
-            for m in members:
-                m.interleave(1)
         module.__class__ = twin_class(base)
-        module.joint = Joint(module, names)
+        module.joint = kind(module, names)
         joined += 1
         # The members' own buffers, freed as the group moved into its joint one, would stay in
         # glibc's free lists, and the next group's buffer would not fit their holes. Measured, the

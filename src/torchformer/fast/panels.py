@@ -34,6 +34,7 @@ copy (an opaque mkldnn tensor a graph cannot take) is left out: those products a
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 
@@ -123,6 +124,17 @@ def huge_arena(specs: list[tuple[tuple[int, ...], torch.dtype]]) -> list[Tensor]
         out.append(torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=start).view(dtype).view(shape))
         start += size
     return out
+
+
+def storage_window(t: Tensor, shape: tuple[int, ...], keep: list[Tensor]) -> Tensor:
+    """A tensor of ``shape`` and ``t``'s dtype over the bytes from ``t``'s first element on, with a
+    storage of its own (as ``huge_arena``'s tensors have: a compile region refuses inputs sharing
+    one, and members of a joint run in one on their own: fast/joint.py). It holds ``keep``, the
+    tensors whose memory those bytes are, for as long as it lives."""
+    nbytes = math.prod(shape) * t.element_size()
+    window = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    window.keep = keep  # torch.frombuffer holds the window, the window the memory's owners
+    return torch.frombuffer(window, dtype=torch.uint8).view(t.dtype).view(shape)
 
 
 def version(weight: Tensor) -> int:

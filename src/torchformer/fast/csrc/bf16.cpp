@@ -233,8 +233,8 @@ constexpr int64_t TILE_FROM = 3;  // rows of x from which the tiles take the pro
 // rows 129 / 124 against 126 / 105, four 162 / 161 against 159 / 134, eight 275 / 273 against 160
 // / 156. Products
 // are summed in fp32 from bf16 x: x is rounded to bf16 once, as oneDNN's bf16 product (the route
-// from formats.DOT_ROWS rows) and the model's own bf16 activations are. Compiled in the AVX-512
-// build for CPUs that have it, picked by fast/formats.py (DOT_UNITS); elsewhere the op refuses.
+// from fast/bf16.py DOT_ROWS rows) and the model's own bf16 activations are. Compiled in the AVX-512
+// build for CPUs that have it, picked by fast/bf16.py (DOT_UNITS); elsewhere the op refuses.
 #if defined(__AVX512F__)
 #pragma GCC push_options
 #pragma GCC target("avx512bf16")

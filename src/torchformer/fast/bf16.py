@@ -1,0 +1,106 @@
+"""bf16 weights on the CPU: ``Bf16Linear``, a bf16 ``Linear`` whose inference products run the
+kernels of csrc/bf16.cpp over its own weight (no copy, no packing), and the routes its products
+take by rows and activation dtype (``route``), measured below."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..nn.linear import Linear, cpu_bf16_units
+from .quant_panels import finished, rows_of
+
+# From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
+# MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
+# whole matrix). Measured over 2 layers of the Llama-3.2-1B shape, 2 threads: 16 rows: kernel
+# 45 GFLOP/s, slices 26; 64 rows: 42 vs 59; 512 rows: 40 vs 125.
+WIDEN_ROWS, WIDEN_SLICE = 48, 256
+
+# On a CPU with bf16 dot-product units (AVX512-BF16 or AMX) a bf16 model's activations are already
+# bf16, and oneDNN's bf16 product (F.linear) multiplies them natively: from UNIT_ROWS rows it beats
+# both the kernel over fp32 x and the widened slices. Measured (benchmarks.formats: 4 layers of the
+# 1B shape, 2 threads, an AVX512-BF16 EPYC, ms, kernel or widened slices vs F.linear): 1 row 17.1 vs
+# 30.7, 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
+# 256: 711 vs 296. Without those units torch converts at every call: never taken. Decided once.
+BF16_UNITS = cpu_bf16_units()
+UNIT_ROWS = 5
+# Where the CPU has AVX512-BF16 itself, bf16 activations of fewer than DOT_ROWS rows take the
+# kernel's `vdpbf16ps` product instead (csrc/bf16.cpp ``bf16_dot``: x as it comes, one instruction
+# per 64-byte weight line and row), ahead of both. Measured over the 1B shape's 113 matrices (2
+# threads, the same EPYC, best of 4, ms, bf16_dot / bf16_linear over fp32 x / F.linear): 1 row
+# 73.9 / 74.0 / 149, 2: 71.2 / 80.7 / 146, 4: 81.3 / 118 / 154, 8: 112 / 284 / 182, 12: 172 / 366
+# / 203, 16: 224 / 505 / 223; one row against a plain streaming read of the same bytes: 34.0 GB/s
+# against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
+DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
+DOT_ROWS = 16
+
+
+def widened_product(x2: Tensor, w: Tensor) -> Tensor:
+    """x2 (rows, K) fp32 @ w (N, K)^T for a 16-bit w: each slice of rows of w widened to fp32
+    then multiplied by MKL (rows, N)."""
+    out_t = x2.new_empty((w.shape[0], x2.shape[0]))  # (N, rows): each slice's result is contiguous
+    for start in range(0, w.shape[0], WIDEN_SLICE):
+        part = w[start : start + WIDEN_SLICE].float()  # (slice, K)
+        torch.mm(part, x2.t(), out=out_t[start : start + WIDEN_SLICE])
+    return out_t.t()  # (rows, N)
+
+
+def route(x: Tensor) -> str:
+    """Which product a bf16 weight's inference call over x (..., K) takes: "dot" (the kernel's
+    vdpbf16ps product, bf16 x below DOT_ROWS rows where the CPU has AVX512-BF16), "units" (oneDNN's
+    bf16 product, F.linear: bf16 x from there, or from UNIT_ROWS rows on bf16 units without it),
+    "kernel" (the kernel over fp32 x below WIDEN_ROWS rows) or "widened" (MKL over widened slices)."""
+    rows = x.numel() // max(1, x.shape[-1])
+    if BF16_UNITS and x.dtype == torch.bfloat16:  # the CPU's bf16 units (module top)
+        if DOT_UNITS and rows < DOT_ROWS:
+            return "dot"
+        if rows >= UNIT_ROWS:
+            return "units"
+    return "kernel" if rows < WIDEN_ROWS else "widened"
+
+
+def bf16_product(x: Tensor, w: Tensor) -> Tensor:
+    """x (..., K) @ w (N, K)^T for a contiguous bf16 w by the kernel's routes (``route``, not
+    "units"): (rows, N) fp32, each output a sum over its own weight row only (so a product over
+    rows laid end to end gives each part bit for bit: fast/joint.py)."""
+    rows = x.numel() // max(1, x.shape[-1])
+    kind = route(x)
+    if kind == "dot":  # vdpbf16ps over x as it comes
+        return torch.ops.torchformer.bf16_dot(x.reshape(rows, -1).contiguous(), w)
+    x2 = rows_of(x)  # (rows, K) fp32
+    return torch.ops.torchformer.bf16_linear(x2, w) if kind == "kernel" else widened_product(x2, w)
+
+
+class Bf16Linear(Linear):
+    """A bf16 ``Linear`` whose inference products on the CPU run the kernel over its own weight
+    (csrc/bf16.cpp ``bf16_linear``: no copy, no packing, the same Parameters and state dict).
+    torch's bf16 products on a CPU without bf16 units convert at every call (measured 1 / 8 / 64
+    rows over 4 layers of the Llama-3.2-1B shape: see benchmarks/RESULTS.md); on a CPU with bf16
+    units, bf16 activations take the kernel's vdpbf16ps product below DOT_ROWS rows where the CPU
+    has AVX512-BF16, and oneDNN's bf16 product from there (from UNIT_ROWS rows without it).
+    Training, autograd, other dtypes and devices take ``Linear``'s path."""
+
+    @classmethod
+    def of(cls, source: Linear) -> Bf16Linear:
+        twin = cls.__new__(cls)
+        twin.__dict__.update(source.__dict__)  # the same Parameters, hooks and flags, not copies
+        return twin
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.runs(x):
+            return super().forward(x)
+        if route(x) == "units":
+            return F.linear(x, self.weight, self.bias)  # oneDNN's bf16 product
+        return self.finish(bf16_product(x, self.weight.contiguous()), x)
+
+    def runs(self, x: Tensor) -> bool:
+        """Whether this call takes the bf16 routes (``route``): inference on the CPU over a bf16 weight."""
+        w = self.weight
+        return w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and not self.grad_needed(x)
+
+    def finish(self, out: Tensor, x: Tensor) -> Tensor:
+        return finished(out, x, self.bias, self.out_features)
+
+    def grad_needed(self, x: Tensor) -> bool:
+        return torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
