@@ -688,8 +688,11 @@ def worker_specs(shape: str, fmt: str, args, cache: Path, skipped: dict) -> list
 
 def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs: Path, bound: Worker) -> list[dict]:
     """Start the format's workers, warm them up, run the interleaved rounds; one row per worker.
-    Each round also reads the streaming bound (``bound``, a worker of its own), kept in every
-    row's sample of that round: the host's bandwidth moves by a third within minutes."""
+    The streaming bound (``bound``, a worker of its own) is read before each worker's turn and
+    after the last: a sample keeps the mean of the readings just before and just after it. The
+    host's bandwidth moves by a third within minutes, and one reading a round (the way before
+    2026-12-06 20:40) lay up to a minute from the 1B shape's first row: the same kernel over the
+    same bytes read 59% of it in one row and 83% in the next."""
     specs = worker_specs(shape, fmt, args, cache, skipped)
     workers, rows = [], []
     try:
@@ -706,10 +709,14 @@ def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs:
                          "warmup_s": time.perf_counter() - t0, "samples": []})  # fmt: skip
             log(f"{shape} {fmt}: {name} loaded in {hello['load_s']:.1f} s, warmed up in {rows[-1]['warmup_s']:.1f} s")
         for r in range(args.rounds):
-            samples = [{**w.ask("measure"), "load": os.getloadavg()[0]} for w in workers]  # interleaved
-            reading = bound.ask("measure")["bound"]
-            for row, sample in zip(rows, samples):
-                row["samples"].append({**sample, "bound": reading})
+            readings = [bound.ask("measure")["bound"]]
+            samples = []
+            for w in workers:  # interleaved, each between two readings of the bound
+                samples.append({**w.ask("measure"), "load": os.getloadavg()[0]})
+                readings.append(bound.ask("measure")["bound"])
+            for i, (row, sample) in enumerate(zip(rows, samples)):
+                around = readings[i : i + 2]
+                row["samples"].append({**sample, "bound": sum(around) / 2, "readings": around})
             log(f"{shape} {fmt}: round {r + 1}/{args.rounds} done")
     finally:
         for w in workers:
@@ -806,7 +813,7 @@ def memory_notes(rows: list[dict]) -> list[str]:
 
 def of_bound(row: dict, batch: int, bound: float) -> float:
     """The row's weight reads over the streaming bound at ``batch``: the median over rounds of each
-    round's GB/s over that round's bound reading; ``bound`` for samples without one."""
+    round's GB/s over the bound read around it (``measure_format``); ``bound`` for samples without one."""
     fractions = sorted(
         row["bytes"] * t / batch / 1e9 / s.get("bound", bound)
         for s in row["samples"]
@@ -1114,7 +1121,7 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
             rows += measure_format(shape, fmt, args, args.cache, skipped, logs, bound_reader)
     finally:
         bound_reader.stop()
-    readings = [s["bound"] for r in rows for s in r["samples"]]
+    readings = [x for r in rows for s in r["samples"] for x in s.get("readings", [s["bound"]])]
     n_bytes, bound = bf16_streamed_bytes(shape), max(readings)
     s = SHAPES[shape]
     title = (
@@ -1127,9 +1134,10 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         "includes torch.compile); decode = tokens after the first / their time, greedy, EOS ignored; "
         f"{args.new_tokens} new tokens after a {args.prompts[0]}-token random prompt",
         f"streaming bound (benchmarks.decode.streaming_reader over {n_bytes / 1e6:.0f} MB, the bf16 model's bytes, "
-        f"read once in every round beside the rows): {min(readings):.1f}-{bound:.1f} GB/s over the run; GB/s = weights "
-        "read per step x steps/s (at batch 8 a step decodes 8 tokens) in the row's best round; of bound = the "
-        "median over the rounds of the row's GB/s over that round's reading",
+        f"read just before and just after each row's turn in every round): {min(readings):.1f}-{bound:.1f} GB/s over "
+        "the run; GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens) in the row's best "
+        "round; of bound = the median over the rounds of the row's GB/s over the mean of the two readings around "
+        "its turn",
         "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
         "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
         f"load: the lowest 1-minute load average read after the row's rounds (the measured worker itself adds up "

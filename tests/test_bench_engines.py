@@ -215,3 +215,35 @@ def test_of_bound_pairs_each_round_with_its_own_reading():
     row = {"bytes": 1e9, "samples": [sample(10.0, 20.0), sample(20.0, 25.0), sample(12.0, 12.0)]}
     assert engines.of_bound(row, 1, bound=99.0) == pytest.approx(0.8)  # 0.5, 0.8, 1.0
     assert engines.of_bound({"bytes": 1e9, "samples": [{"batches": {"1": {"tok_s": 5.0}}}]}, 1, 10.0) == 0.5
+
+
+def test_each_rows_turn_is_held_against_the_bound_read_just_before_and_after_it(monkeypatch, tmp_path):
+    """measure_format reads the bound before each worker's turn and after the last: a sample keeps
+    the two readings around it and their mean, so a row is compared with the host's bandwidth of
+    its own minute, not of the round's end."""
+    readings = iter([10.0, 20.0, 40.0, 12.0, 16.0, 18.0])  # two rounds of two workers: three readings each
+
+    class Bound:
+        def ask(self, what):
+            return {"bound": next(readings)}
+
+    class Fake:
+        def __init__(self, name, spec, logs):
+            self.name = name
+
+        def read(self):
+            return {"bytes": 1e9, "load_s": 0.0}
+
+        def ask(self, what):
+            return {"batches": {"1": {"tok_s": 1.0}}}
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(engines, "worker_specs", lambda *a: [("a", {"system": "torchformer"}), ("b", {"system": "x"})])
+    monkeypatch.setattr(engines, "Worker", Fake)
+    args = type("Args", (), {"rounds": 2})()
+    rows = engines.measure_format("toy", "bf16", args, tmp_path, {}, tmp_path, Bound())
+    assert [[s["readings"] for s in r["samples"]] for r in rows] == [[[10.0, 20.0], [12.0, 16.0]],
+                                                                     [[20.0, 40.0], [16.0, 18.0]]]  # fmt: skip
+    assert [[s["bound"] for s in r["samples"]] for r in rows] == [[15.0, 14.0], [30.0, 17.0]]
