@@ -42,6 +42,15 @@ def apart(model: nn.Module):
         yield
 
 
+def joint_and_apart(model: nn.Module, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's outputs over a fixed (2, 7) batch with its joints, then with its members' own products."""
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        together = forward(model, ids)
+        with apart(model):
+            return together, forward(model, ids)
+
+
 def expected_joints(model: nn.Module, v: dict) -> int:
     """Groups whose members are all whole 16-row panels: q (32 wide) with k and v (8 per KV head),
     and every gated MLP's gate and up."""
@@ -61,11 +70,7 @@ def test_joint_products_equal_the_members_own_and_only_fitting_groups_join(v, sc
     expected = expected_joints(model, v)  # counted before quantize joins them (their class changes)
     model = tfm.quantize(model, scheme, group_size=group)
     assert len(joints(model)) == expected
-    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(3))
-    with torch.inference_mode():
-        joint = forward(model, ids)
-        with apart(model):
-            own = forward(model, ids)
+    joint, own = joint_and_apart(model)
     assert torch.equal(joint, own)
 
 

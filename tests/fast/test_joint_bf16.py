@@ -7,17 +7,16 @@ their own where the joint does not take the call (bf16 prefills through oneDNN, 
 A load into a member writes through; a replaced weight is seen; training and saving see the
 members' own Parameters, unchanged."""
 
-import contextlib
-
 import pytest
 import torch
 from torch import nn
 
 import torchformer as tfm
+from tests.fast.test_joint import apart, joint_and_apart, joints
 from tests.grid import build, forward, params, variants
 from torchformer.fast import bf16 as fast_bf16
 from torchformer.fast import formats, joint
-from torchformer.fast.joint import OWNERS, Bf16Joint, JointOwner
+from torchformer.fast.joint import OWNERS, Bf16Joint
 from torchformer.nn.attention import Attention
 from torchformer.nn.linear import Linear
 from torchformer.nn.mlp import GatedMLP
@@ -25,19 +24,6 @@ from torchformer.nn.mlp import GatedMLP
 pytestmark = pytest.mark.skipif(
     not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or AVX2, or no compiler)"
 )
-
-
-def joints(model: nn.Module) -> list[nn.Module]:
-    return [m for m in model.modules() if isinstance(m, JointOwner) and m.joint is not None]
-
-
-@contextlib.contextmanager
-def apart(model: nn.Module):
-    """The model with every owner on its members' own products while the block runs."""
-    with pytest.MonkeyPatch.context() as mp:
-        for m in joints(model):
-            mp.setattr(m, "joint", None)
-        yield
 
 
 def plain_groups(model: nn.Module) -> int:
@@ -60,11 +46,7 @@ def test_joint_bf16_products_equal_the_members_own_and_every_plain_group_joins(v
     expected = plain_groups(model)  # counted before prepare joins them (their class changes)
     formats.prepare(model)
     assert len(joints(model)) == expected and all(isinstance(m.joint, Bf16Joint) for m in joints(model))
-    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(3))
-    with torch.inference_mode():
-        together = forward(model, ids)
-        with apart(model):
-            own = forward(model, ids)
+    together, own = joint_and_apart(model)
     assert torch.equal(together, own)
 
 
