@@ -1,6 +1,6 @@
 """bf16 weights on the CPU: ``Bf16Linear``, a bf16 ``Linear`` whose inference products run the
-kernels of csrc/bf16.cpp over its own weight (no copy, no packing), and the routes its products
-take by rows and activation dtype (``route``), measured below."""
+kernels of csrc/bf16.cpp over its own weight (no copy, no packing), and which product takes a call
+by its rows and activation dtype (``dot_takes``, ``units_take``, ``kernels_take``), measured below."""
 
 from __future__ import annotations
 
@@ -46,30 +46,37 @@ def widened_product(x2: Tensor, w: Tensor) -> Tensor:
     return out_t.t()  # (rows, N)
 
 
-def route(x: Tensor) -> str:
-    """Which product a bf16 weight's inference call over x (..., K) takes: "dot" (the kernel's
-    vdpbf16ps product, bf16 x below DOT_ROWS rows where the CPU has AVX512-BF16), "units" (oneDNN's
-    bf16 product, F.linear: bf16 x from there, or from UNIT_ROWS rows on bf16 units without it),
-    "kernel" (the kernel over fp32 x below WIDEN_ROWS rows) or "widened" (MKL over widened slices)."""
-    rows = x.numel() // max(1, x.shape[-1])
-    if BF16_UNITS and x.dtype == torch.bfloat16:  # the CPU's bf16 units (module top)
-        if DOT_UNITS and rows < DOT_ROWS:
-            return "dot"
-        if rows >= UNIT_ROWS:
-            return "units"
-    return "kernel" if rows < WIDEN_ROWS else "widened"
+def rows_in(x: Tensor) -> int:
+    return x.numel() // max(1, x.shape[-1])
+
+
+def dot_takes(x: Tensor) -> bool:
+    """Whether the kernel's vdpbf16ps product takes x: bf16 x below DOT_ROWS rows where the CPU has
+    AVX512-BF16 (module top)."""
+    return BF16_UNITS and DOT_UNITS and x.dtype == torch.bfloat16 and rows_in(x) < DOT_ROWS
+
+
+def units_take(x: Tensor) -> bool:
+    """Whether oneDNN's bf16 product (F.linear) takes x: bf16 x on bf16 units from UNIT_ROWS rows,
+    where the vdpbf16ps product does not."""
+    return BF16_UNITS and x.dtype == torch.bfloat16 and rows_in(x) >= UNIT_ROWS and not dot_takes(x)
+
+
+def kernels_take(x: Tensor) -> bool:
+    """Whether the kernels' own products take x (vdpbf16ps, or the kernel over fp32 x below
+    WIDEN_ROWS rows), not oneDNN's nor the widened slices: each output a sum over its own weight
+    row only, so a product over rows laid end to end gives each part bit for bit (fast/joint.py)."""
+    return dot_takes(x) or (not units_take(x) and rows_in(x) < WIDEN_ROWS)
 
 
 def bf16_product(x: Tensor, w: Tensor) -> Tensor:
-    """x (..., K) @ w (N, K)^T for a contiguous bf16 w by the kernel's routes (``route``, not
-    "units"): (rows, N) fp32, each output a sum over its own weight row only (so a product over
-    rows laid end to end gives each part bit for bit: fast/joint.py)."""
-    rows = x.numel() // max(1, x.shape[-1])
-    kind = route(x)
-    if kind == "dot":  # vdpbf16ps over x as it comes
-        return torch.ops.torchformer.bf16_dot(x.reshape(rows, -1).contiguous(), w)
+    """x (..., K) @ w (N, K)^T for a contiguous bf16 w where oneDNN's product does not take x
+    (``units_take``): (rows, N) fp32 by the vdpbf16ps kernel, the kernel over fp32 x or the
+    widened slices."""
+    if dot_takes(x):  # vdpbf16ps over x as it comes
+        return torch.ops.torchformer.bf16_dot(x.reshape(rows_in(x), -1).contiguous(), w)
     x2 = rows_of(x)  # (rows, K) fp32
-    return torch.ops.torchformer.bf16_linear(x2, w) if kind == "kernel" else widened_product(x2, w)
+    return torch.ops.torchformer.bf16_linear(x2, w) if x2.shape[0] < WIDEN_ROWS else widened_product(x2, w)
 
 
 class Bf16Linear(Linear):
@@ -90,12 +97,12 @@ class Bf16Linear(Linear):
     def forward(self, x: Tensor) -> Tensor:
         if not self.runs(x):
             return super().forward(x)
-        if route(x) == "units":
+        if units_take(x):
             return F.linear(x, self.weight, self.bias)  # oneDNN's bf16 product
         return self.finish(bf16_product(x, self.weight.contiguous()), x)
 
     def runs(self, x: Tensor) -> bool:
-        """Whether this call takes the bf16 routes (``route``): inference on the CPU over a bf16 weight."""
+        """Whether this call takes the bf16 products above: inference on the CPU over a bf16 weight."""
         w = self.weight
         return w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and not self.grad_needed(x)
 

@@ -1,7 +1,7 @@
 """Which fast twin a module gets on this CPU, and the swap: quantized linears become their panel
 twins (fast/quant_panels.py, the integer kernels), bf16 ``Linear``s become ``Bf16Linear`` (the bf16
-kernel over the module's own weight, fast/bf16.py). The layout belongs to the CPU that runs it, so it is made at
-run time and never saved: ``tfm.quantize`` and ``tfm.load`` call ``prepare``; it does nothing where
+kernel over the module's own weight, fast/bf16.py). The layout belongs to the CPU that runs it, so
+it is made at run time and never saved: ``tfm.quantize`` and ``tfm.load`` call ``prepare``; it does nothing where
 the kernels are not built (neither AVX-512 nor AVX2, no compiler, ``TORCHFORMER_NATIVE=0``), on other devices, or
 for shapes the kernels do not take (K not a multiple of 4 for int8, a group not a multiple of 8 for
 int4).
@@ -80,11 +80,12 @@ def stream_mapped_bf16(model: nn.Module) -> int:
     gate/up) come end to end, so that their joint weight is their own bytes, not a copy. Returns
     the bytes moved."""
     candidates = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Bf16Linear)}  # tied: once
-    first = {id(w): i for i, w in enumerate(w for group in bf16_groups(model) for w in group)}
-    candidates = dict(sorted(candidates.items(), key=lambda item: first.get(item[0], len(first))))  # stable
     candidates = [w for w in candidates.values() if w.dtype == torch.bfloat16 and w.is_cpu and w.is_contiguous()]
     mappings = file_mappings() if candidates else []  # read once, and only for a model with bf16 twins
     found = [w for w in candidates if in_file_mapping(w, mappings)]
+    if found:  # the groups' members first, each group end to end (a later scope finds nothing mapped)
+        first = {id(w): i for i, w in enumerate(w for group in bf16_groups(model) for w in group)}
+        found.sort(key=lambda w: first.get(id(w), len(first)))  # stable: the rest as they came
     moved = 0
     for inference in (False, True):
         group = [w for w in found if w.is_inference() == inference]

@@ -24,7 +24,7 @@ so), and the joint weight is a window onto their bytes; elsewhere ``join`` copie
 one block first, each member's Parameter then a window onto its rows (the same Parameter, its
 values unchanged). Each window has a storage of its own (a compile region refuses inputs sharing
 one), so the members can run on their own at any time: prefills of bf16 activations take oneDNN's
-product per member (``route`` "units"), and training needs no parting. Measured (the toy shape's
+product per member (fast/bf16.py ``units_take``), and training needs no parting. Measured (the toy shape's
 43 bf16 products of a batch-1 step against 25 joint ones, one row, 2 threads, in huge pages,
 through Python, best of 30 in four rounds): 0.91-1.09 ms against 0.86-0.96.
 
@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from ..host_memory import release_mapped, trim
 from ..nn.attention import Attention
 from ..nn.mlp import GatedMLP
-from .bf16 import Bf16Linear, bf16_product, route
+from .bf16 import Bf16Linear, bf16_product, kernels_take
 from .panels import LANES, storage_window, stream_zeros
 from .quant_panels import PanelLinear, rows_of
 
@@ -59,7 +59,6 @@ OWNERS = {Attention: ("project", ("q_proj", "k_proj", "v_proj")), GatedMLP: ("ga
 JOINED = ("panels", "scale", "super_scale", "minimum", "super_min")
 SAME = ("in_features", "group_size", "super_group", "bits", "ways")  # what the members must share
 CONTIGUOUS_ROWS = 64  # up to this many rows (decoding, short prompts) the split parts are copied contiguous
-JOINT_ROUTES = ("dot", "kernel")  # the bf16 routes (fast/bf16.py ``route``) a Bf16Joint takes
 
 
 class Joint:
@@ -180,7 +179,7 @@ class Bf16Joint(Joint):
         self.held = [(w, w.data_ptr(), tuple(w.shape)) for w in weights]
 
     def runs(self, x: Tensor) -> bool:
-        return all(m.runs(x) for m in self.members) and route(x) in JOINT_ROUTES
+        return all(m.runs(x) for m in self.members) and kernels_take(x)
 
     def product(self, x: Tensor) -> Tensor:
         return bf16_product(x, self.fused.weight)
