@@ -166,6 +166,36 @@ def file_mappings() -> list[tuple[int, int]]:
     return found
 
 
+def anonymous_mappings() -> list[tuple[int, int]]:
+    """The [low, high) address ranges of this process's anonymous mappings (no file, not the heap
+    or stack: huge-page arenas, large blocks malloc mapped), from /proc/self/maps (none where it
+    cannot be read)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 5:
+                    low, high = (int(x, 16) for x in fields[0].split("-"))
+                    found.append((low, high))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def release_consumed(tensor, mappings: list[tuple[int, int]]) -> int:
+    """Give back the whole pages of contiguous ``tensor``'s bytes where they lie in one of the
+    anonymous ``mappings`` (``anonymous_mappings()``); they read as zeros after. Only for bytes
+    their owner has copied elsewhere and drops (a relayout: fast/panels.py ``to_stream``), so that
+    the copy and the original are never both whole. Returns the bytes given back."""
+    start = tensor.data_ptr()
+    end = start + tensor.numel() * tensor.element_size()
+    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE
+    if last <= first or not sys.platform.startswith("linux") or not any(lo <= start and end <= hi for lo, hi in mappings):
+        return 0
+    return last - first if madvise()(first, last - first, MADV_DONTNEED) == 0 else 0
+
+
 def release_mapped_range(start: int, end: int, mappings: list[tuple[int, int]] | None = None) -> int:
     """release_mapped for the bytes [start, end) of this process's memory (a numpy view of a mapped
     file: the GGUF reader's tensors); the same conditions."""

@@ -1,6 +1,7 @@
 """Interleaved int8 / int4 panels (fast/quant_panels.py ``interleave``, csrc/quantized.cpp's layout):
-each group of the build's ways' panels stored line by line, so one row of x reads a thread's panels
-as one stream. The layout is where the definition puts each line (checked on a hand-built example);
+each group of the build's ways' panels stored line by line with each weight group's scales (and
+minimums) after its lines, so one row of x reads a thread's panels as one stream. The layout is where
+the definition puts each line and scale (checked on a hand-built example);
 the products over it equal the products over the same panels in order, bit for bit, for every
 format that interleaves (int8 per row and per group, int4, int4 with minimums, f16 scales), panel
 counts off the group grid and row counts from 1 to past 8; a row alone gives the bits it gives in a
@@ -37,16 +38,32 @@ needs_ways = pytest.mark.skipif(
 )
 
 
-def test_a_group_is_stored_line_by_line_and_a_short_last_group_too(monkeypatch):
-    # 5 panels of 3 lines, 2 bytes a line, groups of 4: group 0 holds panels 0-3, group 1 panel 4
-    t = torch.arange(5 * 3 * 2).view(5, 3, 2)  # panel p, line u: values 6p + 2u, 6p + 2u + 1
+def test_a_group_is_one_stream_weight_group_by_weight_group_and_a_short_last_group_too(monkeypatch):
+    # 5 panels, groups of 4: group 0 holds panels 0-3, group 1 panel 4. Each panel: 4 lines of 2
+    # bytes (line u of panel p holds p, u) and one fp32 scale per weight group of 2 lines (100 p + kg)
+    lines = torch.tensor([[[p, u] for u in range(4)] for p in range(5)], dtype=torch.uint8)  # (5, 4, 2)
+    scales = torch.tensor([[[100.0 * p + kg] for kg in range(2)] for p in range(5)])  # (5, 2, 1)
+    expected = []  # by the layout's definition: per weight group, its lines line by line, then its scales
+    for first, w in ((0, 4), (4, 1)):
+        for kg in range(2):
+            expected += [("line", first + j, 2 * kg + u) for u in range(2) for j in range(w)]
+            expected += [("scale", first + j, kg) for j in range(w)]
     for chunk in (1, 1 << 20):  # one group a copy, or all at once
         monkeypatch.setattr(layout, "RELAYOUT_CHUNK", chunk)
-        flat = layout.interleave_(t.clone(), 4).reshape(-1, 2)  # one line a row, in memory order
-        expected = [[p, u] for u in range(3) for p in range(4)] + [[4, u] for u in range(3)]
-        assert [[int(v[0]) // 6, int(v[0]) % 6 // 2] for v in flat] == expected
-        assert torch.equal(layout.interleave_(layout.interleave_(t.clone(), 4), 4, back=True), t)
-    assert layout.interleave_(t, 1) is t
+        stream = layout.to_stream([lines, scales], groups=2, ways=4)
+        assert stream.shape == (5, 4 * 2 + 2 * 4) and stream.dtype == torch.uint8
+        flat, at, got = stream.reshape(-1), 0, []
+        for kind, _, _ in expected:  # memory order, each item read as the kind expected there
+            if kind == "line":
+                got.append(("line", int(flat[at]), int(flat[at + 1])))
+                at += 2
+            else:
+                value = int(flat[at : at + 4].clone().view(torch.float32))
+                got.append(("scale", value // 100, value % 100))
+                at += 4
+        assert got == expected
+        back = layout.from_stream(stream, [((4, 2), torch.uint8), ((2, 1), torch.float32)], groups=2, ways=4)
+        assert torch.equal(back[0], lines) and torch.equal(back[1], scales)
 
 
 def in_order(twin):
@@ -108,11 +125,16 @@ def test_formats_that_do_not_interleave_keep_their_panels_in_order():
 
 
 @needs_ways
-def test_the_ops_refuse_another_width():
+def test_the_ops_refuse_another_width_and_scales_beside_an_interleaved_stream():
     twin = twin_of("int4", 64, 128, 32)
     x = torch.randn(1, 128)
     with pytest.raises(RuntimeError, match=r"ways must be 1 or 4 .* got 3"):
         torch.ops.torchformer.int4_mm(x, twin.panels, twin.scale, 64, 32, None, 0, 3)
+    scales = twin.in_order("scale")  # (4, 4, 16): where the stream holds them already
+    with pytest.raises(RuntimeError, match="interleaved, scale must be an empty"):
+        torch.ops.torchformer.int4_mm(x, twin.panels, scales, 64, 32, None, 0, ways())
+    with pytest.raises(RuntimeError, match=r"the panels do not match N and K \(interleaved"):
+        torch.ops.torchformer.int4_mm(x, in_order(twin).panels, twin.scale, 64, 32, None, 0, ways())
 
 
 @needs_ways

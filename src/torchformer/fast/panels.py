@@ -41,12 +41,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..host_memory import huge_page_memory
+from ..host_memory import anonymous_mappings, huge_page_memory, release_consumed
 from ..nn.linear import Linear
 from .native import kernels
 
 MIN_ROWS = 3  # below: nn/linear.py's MKL routes are faster (module docstring)
-RELAYOUT_CHUNK = 4 << 20  # bytes interleave_ copies at a time
+RELAYOUT_CHUNK = 4 << 20  # bytes to_stream / from_stream copy at a time
 LANES = 16  # outputs per panel: one AVX-512 register of fp32 (two AVX2 ones: csrc/wide.h)
 
 
@@ -60,29 +60,59 @@ def panels(rows: Tensor) -> Tensor:
     return padded.view(-1, LANES, *rows.shape[1:]).transpose(1, 2).contiguous()
 
 
-def interleave_(t: Tensor, ways: int, back: bool = False) -> Tensor:
-    """t (P, L, ...): panels (or their scales) one after another -> in place, each group of ``ways``
-    panels interleaved line by line, group g's (L, w, ...) with w = min(ways, P - g * ways), in the
-    same shape (csrc/quantized.cpp's layout: one row of x then reads a thread's groups as one
-    stream); back: the inverse. A group's bytes stay where they were, in another order, so it goes a
-    few groups at a time beside a copy of at most RELAYOUT_CHUNK bytes (a quantizing load's peak).
-    ways 1: t as it is."""
-    if ways == 1:
-        return t
-    P, L, rest = t.shape[0], t.shape[1], tuple(t.shape[2:])
-    order = (0, 2, 1, *range(3, 3 + len(rest)))
-    panel_bytes = t[0].numel() * t.element_size()
-    step = max(1, RELAYOUT_CHUNK // (ways * panel_bytes)) * ways  # panels a copy, whole groups
-    full = P // ways * ways
-    spans = [(start, min(full, start + step), ways) for start in range(0, full, step)]
-    spans += [(full, P, P - full)] if full < P else []  # the last group, short
-    for start, stop, w in spans:
+def to_stream(parts: list[Tensor], groups: int, ways: int, consume: bool = False) -> Tensor:
+    """parts, each (P, L_i, ...) with its panels one after another and L_i a multiple of ``groups``
+    (the panels' lines, the scales' rows of 16: dim 1 runs over the inputs) -> one (P, bytes)
+    uint8 stream, each group of ``ways`` panels (the last one's w what is left) in its w rows:
+    weight group by weight group, each part's rows of it line by line (row r of panel j at
+    (r * w + j) * its row's bytes), the parts one after another (csrc/quantized.cpp's layout). Made
+    a few groups at a time, RELAYOUT_CHUNK bytes of the parts a copy; in huge pages where they fit.
+    consume: the parts are the caller's alone, dropped after; the pages of each chunk copied are
+    given back (``release_consumed``), so a matrix is never held twice whole (a quantizing load's
+    peak: tests/fast/test_quantizing_load.py)."""
+    P = parts[0].shape[0]
+    rows = [as_rows(t, groups) for t in parts]  # (P, groups, rows a group, row bytes)
+    out = stream_zeros((P, sum(r[0].numel() for r in rows)), torch.uint8)
+    mappings = anonymous_mappings() if consume else []
+    for start, stop, w in group_spans(P, ways, sum(r[0].numel() for r in rows)):
         n = (stop - start) // w
-        panel_major, line_major = (n, w, L, *rest), (n, L, w, *rest)
-        src, dst = (line_major, panel_major) if back else (panel_major, line_major)
-        part = t[start:stop].clone()
-        t[start:stop].view(dst).copy_(part.view(src).permute(order))
-    return t
+        laid = [r[start:stop].view(n, w, *r.shape[1:]).permute(0, 2, 3, 1, 4).reshape(n, groups, -1) for r in rows]
+        out[start:stop].view(n, groups, -1).copy_(torch.cat(laid, dim=-1))
+        for r in rows if consume else ():
+            release_consumed(r[start:stop], mappings)
+    return out
+
+
+def from_stream(stream: Tensor, like: list[tuple[tuple[int, ...], torch.dtype]], groups: int, ways: int) -> list[Tensor]:
+    """``to_stream``'s inverse: the parts (P, *shape) of (shape, dtype) in ``like``, panels in order."""
+    P = stream.shape[0]
+    parts = [stream_zeros((P, *shape), dtype) for shape, dtype in like]
+    rows = [as_rows(t, groups) for t in parts]
+    widths = [r[0, 0].numel() for r in rows]  # a part's bytes of one weight group of one panel
+    for start, stop, w in group_spans(P, ways, stream.shape[1]):
+        n = (stop - start) // w
+        laid = stream[start:stop].view(n, groups, -1).split([w * b for b in widths], dim=-1)
+        for r, got in zip(rows, laid):
+            shape = (n, groups, r.shape[2], w, r.shape[3])
+            r[start:stop].view(n, w, *r.shape[1:]).copy_(got.reshape(shape).permute(0, 3, 1, 2, 4))
+    return parts
+
+
+def as_rows(t: Tensor, groups: int) -> Tensor:
+    """t (P, L, ...) as bytes (P, groups, L / groups, a row's bytes): a view."""
+    P, L = t.shape[0], t.shape[1]
+    return t.reshape(P, L, -1).view(torch.uint8).view(P, groups, L // groups, -1)
+
+
+def group_spans(P: int, ways: int, panel_bytes: int):
+    """(start, stop, w): the P panels' groups of ``ways`` as a few whole groups at a time (about
+    RELAYOUT_CHUNK bytes), the last group (of w = what is left) alone."""
+    full = P // ways * ways
+    step = max(1, RELAYOUT_CHUNK // (ways * panel_bytes)) * ways
+    for start in range(0, full, step):
+        yield start, min(full, start + step), ways
+    if full < P:
+        yield full, P, P - full
 
 
 def stream_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:

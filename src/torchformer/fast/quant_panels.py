@@ -41,7 +41,7 @@ from ..nn.quant import Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
 from . import low_bits as low
 from . import two_level
 from .native import kernels
-from .panels import LANES, interleave_, panels, stream_zeros, streamed
+from .panels import LANES, from_stream, panels, stream_zeros, streamed, to_stream
 
 
 @functools.cache
@@ -93,7 +93,8 @@ class PanelLinear(QuantLinear):
     half_scales = True  # whether the kernel takes f16 scales (compact_scales)
     super_group = 0  # inputs per super-scale where the scales are two-level (fast/two_level.py), else 0
     ways = 1  # panels interleaved a group (``interleave``), 1: one after another
-    LAID = ("panels", "scale")  # the tensors that hold a slab per panel in the panels' order
+    LAID = ("panels", "scale")  # the tensors that hold a slab per panel: one stream where interleaved
+    laid: tuple = ()  # interleaved: each LAID tensor's (shape past P, dtype), as ``in_order`` gives it back
 
     def __init__(self, source: QuantLinear) -> None:
         self.empty(source.out_features, source.in_features, getattr(source, "group_size", None), None)
@@ -179,35 +180,56 @@ class PanelLinear(QuantLinear):
             return
         source = self.portable()
         source._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
-        self.fill(source)  # repack what was loaded
+        ways, before = self.ways, {name: self._buffers[name] for name in self.LAID}
+        if ways > 1:  # every row is written again: in order first, into new zeros
+            self.allocate(self.group_size)
+            self.ways, self.laid = 1, ()
+        self.fill(source)  # repack what was loaded, then lay it out as it was
+        self.interleave(ways if self.interleaves() else 1)
+        after = {name: self._buffers[name] for name in self.LAID}
+        if all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(before.values(), after.values())):
+            for name, t in before.items():  # into the bytes they had: a joint's views (fast/joint.py) see them
+                if t is not after[name]:
+                    self._buffers[name] = t.copy_(after[name])
 
     def fill(self, source: QuantLinear) -> None:
-        """Every row and the bias from ``source`` (allocated already), block by block."""
+        """Every row and the bias from ``source`` (allocated already, panels in order), block by block."""
         self._init_bias(source.bias)
         self.scale, self.super_scale, self.super_group = fp32(self.scale), None, 0  # compacted again
-        ways, self.ways = self.ways, 1  # every panel is written again in order, then laid out as it was
         for rows in row_blocks(self.out_features, self.in_features, LANES):
             self.write(rows, *source.values(rows))
         self.compact_scales(source)
-        self.interleave(ways if self.interleaves() else 1)
 
     def interleave(self, ways: int | None = None) -> None:
-        """Interleave each group of ``ways`` panels, line by line (fast/panels.py ``interleave_``;
-        None: the kernels' ``torchformer::panel_ways``, 4 in the AVX-512 build and 1 elsewhere,
-        where one unit is one 64-byte line and the scales one-level: int8 and int4 panels; 1: the
-        panels back in order). One row of x then reads a thread's panels and scales as two streams
-        instead of eight, and the products take the layout as they find it (``ways``). Measured over
-        the 1B shape's projections as ~826 MB of int4 group-64 panels (one thread, an AVX512-VNNI
-        EPYC, best of 4, three alternations): one row read 74-80% of the plain read with four panel
-        streams and 93-108% interleaved. In place: a joint's views (fast/joint.py) stay its rows,
-        and a load's peak holds no second copy (fast/panels.py ``interleave_``)."""
+        """Lay each group of ``ways`` panels out as one stream with their scales (and minimums)
+        inside it (fast/panels.py ``to_stream``; None: the kernels' ``torchformer::panel_ways``, 4
+        in the AVX-512 build and 1 elsewhere, where one unit is one 64-byte line and the scales
+        one-level: int8 and int4 panels; 1: the panels and scales back in their own tensors, in
+        order). ``panels`` then holds the stream and each other LAID tensor is an empty one of its
+        dtype; the products take the layout as they find it (``ways``). One row of x reads a
+        thread's groups as one stream instead of four panels' and four scales' streams. Measured
+        over the 1B shape's projections as ~826 MB of int4 group-64 panels (one thread, an
+        AVX512-VNNI EPYC, best of 4, three alternations): one row read 74-80% of the plain read with
+        four panel streams and 93-108% interleaved (with the scales a second stream then); the
+        scales inside the stream: MEASURED_INLINE. A copy, a matrix at a time (a load's peak holds
+        one matrix twice), which a joint (fast/joint.py) sees as a member whose tensors changed."""
         if ways is None:
             ways = torch.ops.torchformer.panel_ways() if self.interleaves() else 1
         if ways == self.ways:
             return
-        for name in self.LAID:
-            interleave_(interleave_(self._buffers[name], self.ways, back=True), ways)
-        self.ways = ways
+        groups = self.in_features // (self.group_size or self.in_features)
+        if self.ways > 1:
+            parts = from_stream(self._buffers["panels"], list(self.laid), groups, self.ways)
+            for name, t in zip(self.LAID, parts):
+                self._buffers[name] = t
+            self.ways, self.laid = 1, ()
+        if ways > 1:
+            parts = [self._buffers[name] for name in self.LAID]
+            self.laid = tuple((tuple(t.shape[1:]), t.dtype) for t in parts)
+            self._buffers["panels"] = to_stream(parts, groups, ways, consume=True)  # the module's own, dropped
+            for name, t in zip(self.LAID[1:], parts[1:]):
+                self._buffers[name] = t.new_empty(0)  # its dtype: the kernels read the values from the stream
+            self.ways = ways
 
     def interleaves(self) -> bool:
         """Whether the kernels take this format's panels interleaved (``interleave``)."""
@@ -215,8 +237,10 @@ class PanelLinear(QuantLinear):
 
     def in_order(self, name: str) -> Tensor:
         """Buffer ``name`` (one of LAID) with its panels one after another, whatever ``ways``."""
-        t = self._buffers[name]
-        return t if self.ways == 1 else interleave_(t.clone(), self.ways, back=True)
+        if self.ways == 1:
+            return self._buffers[name]
+        groups = self.in_features // (self.group_size or self.in_features)
+        return from_stream(self._buffers["panels"], list(self.laid), groups, self.ways)[self.LAID.index(name)]
 
     def compact_scales(self, source: QuantLinear | None = None) -> None:
         """Keep the scales in the file's two-level form where ``source`` carries it (GGUF's

@@ -22,12 +22,14 @@
 //   (quantized_kernels.inc, Low): 5 / 6 bits a weight instead of int8's 8, unpacked in registers.
 // Interleaved (`ways` = WAYS, the AVX-512 build's int8 and int4 panels with one-level scales:
 // fast/quant_panels.py `interleave`): each group of WAYS panels (the last one's w = what is left)
-// stored line by line, group g's unit u of its panel j at g * WAYS * stream + (u * w + j) * 64
-// bytes, its scales (minimums) likewise, group g's (K / G, w, 16). One row of x then reads a
-// thread's groups as one stream (and its scales as a second), where panels one after another read
-// as four (and four of scales): the hardware prefetcher follows one stream and lost the others (one
-// thread, the 1B shape's int4 panels: 74-80% of the plain read against 93-108% interleaved; in this
-// kernel, benchmarks/panel_rates.py: one row of int4 1.28x at one thread, 1.08-1.58x at two).
+// is one stream of w * (stream + K / G * 16 * (scale bytes + minimum bytes)) bytes, weight group by
+// weight group (G inputs): its G / KL units line by line (unit u of panel j at (u * w + j) * 64),
+// then the w panels' 16 scales each, then (Int4Min) their 16 fp32 minimums. One row of x then reads
+// a thread's groups as one stream, where panels one after another read as four (and four of
+// scales): the hardware prefetcher follows one stream and lost the others (one thread, the 1B
+// shape's int4 panels: 74-80% of the plain read against 93-108% interleaved; in this kernel,
+// benchmarks/panel_rates.py: one row of int4 1.28x at one thread, 1.08-1.58x at two). The scales
+// lie inside the stream, not in a second one beside it, for the same reason: MEASURED_INLINE.
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
 // block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
@@ -93,6 +95,11 @@ constexpr int64_t LINE = 64;
 // single-stream passes 0.91x (Q6_K) and 1.07x (Q4_K). The one-row pass over TASK_PANELS streams
 // takes none (rows_for).
 constexpr int64_t AHEAD = 8192;
+// Prefetch distance of an interleaved group's stream read in one pass (one or two rows of x), into
+// L1: 2 KB (1B-sized int4 group-64 matrices, 1 row, 2 threads, this EPYC at a 28 GB/s plain read,
+// 2026-12-06: 0.5 KB 64-67% of the plain read, none 65-68%, 1 KB 69-71%, 2 KB 72-73%, 1 KB into L2
+// 65-68%). Passes of more rows prefetch the next block instead (run_ways).
+constexpr int64_t GROUP_AHEAD = 2048;
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
@@ -262,13 +269,17 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   TORCH_CHECK(K % F::KL == 0 && G % F::KL == 0 && K % G == 0, name, ": K and the group must be multiples of ",
               F::KL, ", the group dividing K");
   const int64_t P = (N + LANES - 1) / LANES;
-  TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * (K / F::KL) * F::UNIT, name,
-              ": the panels do not match N and K");
   const bool two = sup.has_value();
   const bool half = scale.scalar_type() == at::kHalf;
   TORCH_CHECK(ways == 1 || (ways == WAYS && WAYS > 1 && F::UNIT == LINE && !two), name, ": ways must be 1",
               WAYS > 1 ? " or " + std::to_string(WAYS) + " (one-level scales, int8 / int4 panels)" : std::string(),
               " here, got ", ways);
+  // Interleaved, each weight group's scales (and minimums) lie in the panels' stream after its units
+  // (the layout comment): `scale` (`minimum`) is then an empty tensor that gives their dtype.
+  const bool inside = ways > 1;
+  const int64_t parts = inside ? (K / G) * LANES * (scale.element_size() + (F::MIN ? 4 : 0)) : 0;
+  TORCH_CHECK(wp.is_contiguous() && wp.numel() * wp.element_size() == P * ((K / F::KL) * F::UNIT + parts), name,
+              ": the panels do not match N and K", inside ? " (interleaved: with their scales)" : "");
   if (two) {
     TORCH_CHECK(SG > 0 && SG % G == 0 && K % SG == 0, name, ": super_group must be a multiple of the group dividing K");
     // int16 group sums of x and int32 super-block sums (quantized_kernels.inc, panel_super)
@@ -284,10 +295,18 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   } else {
     TORCH_CHECK(!sup_min.has_value(), name, ": super_min needs super_scale");
     TORCH_CHECK((half || scale.scalar_type() == at::kFloat) && scale.is_contiguous() &&
-                    scale.numel() == P * (K / G) * LANES,
-                name, ": scale must be fp32 or f16 (P, K / group, 16)");
+                    scale.numel() == (inside ? 0 : P * (K / G) * LANES),
+                name, inside ? ": interleaved, scale must be an empty fp32 or f16 tensor (its scales lie in the panels)"
+                             : ": scale must be fp32 or f16 (P, K / group, 16)");
     TORCH_CHECK(!(half && F::MIN), name, ": scale must be fp32");
-    if constexpr (F::MIN) check_part(minimum, at::kFloat, P, K, G, name, "minimum");
+    if constexpr (F::MIN) {
+      if (inside) {
+        TORCH_CHECK(minimum.scalar_type() == at::kFloat && minimum.numel() == 0, name,
+                    ": interleaved, minimum must be an empty fp32 tensor (its minimums lie in the panels)");
+      } else {
+        check_part(minimum, at::kFloat, P, K, G, name, "minimum");
+      }
+    }
   }
   // x's blocks: the super-block where scales are two-level (panel_super), else act_block
   const int64_t B = two ? SG : act_block(K, G), GP = two ? (SG / G + 1) / 2 * 2 : 0;
