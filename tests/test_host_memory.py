@@ -137,3 +137,20 @@ def test_a_loaded_preset_is_the_same_model_on_the_loader_thread():
     a = tfm.load_any("llama-tiny", seed=5)
     b = loading._load_any("llama-tiny", seed=5, device="cpu", dtype=None, quantize=None, group_size=None)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise and /proc/self/maps are Linux's")
+def test_consumed_pages_of_an_anonymous_mapping_are_given_back_and_nothing_else():
+    import torch
+
+    from torchformer.host_memory import PAGE, anonymous_mappings, anonymous_pages, release_consumed
+
+    block = anonymous_pages(64 * PAGE)  # private and anonymous, as the huge-page arenas are
+    t = torch.frombuffer(block, dtype=torch.uint8)
+    t.fill_(7)
+    inside = t[PAGE // 2 : 40 * PAGE + 5]  # whole pages 1..39 inside it, parts of pages 0 and 40
+    assert release_consumed(inside, anonymous_mappings()) == 39 * PAGE
+    assert bool((t[PAGE : 40 * PAGE] == 0).all())  # given back: they read as zeros
+    assert bool((t[:PAGE] == 7).all()) and bool((t[40 * PAGE :] == 7).all())  # the pages it only shares kept
+    assert release_consumed(t, []) == 0  # in no mapping given: nothing
+    assert release_consumed(t[:100], anonymous_mappings()) == 0  # less than a page: nothing

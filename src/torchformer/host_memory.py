@@ -153,29 +153,25 @@ def in_file_mapping(tensor, mappings: list[tuple[int, int]] | None = None) -> bo
 def file_mappings() -> list[tuple[int, int]]:
     """The [low, high) address ranges of this process's mappings of regular files (/proc/self/maps;
     none where it cannot be read)."""
-    found = []
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                if len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0":
-                    low, high = (int(x, 16) for x in fields[0].split("-"))
-                    found.append((low, high))
-    except (OSError, ValueError):
-        pass
-    return found
+    return mappings_where(lambda fields: len(fields) == 6 and fields[5].startswith("/") and fields[4] != "0")
 
 
 def anonymous_mappings() -> list[tuple[int, int]]:
     """The [low, high) address ranges of this process's anonymous mappings (no file, not the heap
     or stack: huge-page arenas, large blocks malloc mapped), from /proc/self/maps (none where it
     cannot be read)."""
+    return mappings_where(lambda fields: len(fields) == 5)
+
+
+def mappings_where(keep) -> list[tuple[int, int]]:
+    """The [low, high) ranges of /proc/self/maps' lines whose whitespace-split fields ``keep``
+    takes (none where it cannot be read)."""
     found = []
     try:
         with open("/proc/self/maps") as f:
             for line in f:
                 fields = line.split(maxsplit=5)
-                if len(fields) == 5:
+                if keep(fields):
                     low, high = (int(x, 16) for x in fields[0].split("-"))
                     found.append((low, high))
     except (OSError, ValueError):
@@ -189,18 +185,20 @@ def release_consumed(tensor, mappings: list[tuple[int, int]]) -> int:
     their owner has copied elsewhere and drops (a relayout: fast/panels.py ``to_stream``), so that
     the copy and the original are never both whole. Returns the bytes given back."""
     start = tensor.data_ptr()
-    end = start + tensor.numel() * tensor.element_size()
-    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE
-    if last <= first or not sys.platform.startswith("linux") or not any(lo <= start and end <= hi for lo, hi in mappings):
-        return 0
-    return last - first if madvise()(first, last - first, MADV_DONTNEED) == 0 else 0
+    return release_range(start, start + tensor.numel() * tensor.element_size(), mappings)
 
 
 def release_mapped_range(start: int, end: int, mappings: list[tuple[int, int]] | None = None) -> int:
     """release_mapped for the bytes [start, end) of this process's memory (a numpy view of a mapped
     file: the GGUF reader's tensors); the same conditions."""
-    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the tensor only
-    if last <= first or not sys.platform.startswith("linux") or not _in_file_mapping(start, end, mappings):
+    return release_range(start, end, file_mappings() if mappings is None else mappings)
+
+
+def release_range(start: int, end: int, within: list[tuple[int, int]]) -> int:
+    """``MADV_DONTNEED`` over the whole pages inside [start, end) where that lies in one of the
+    ranges ``within``; the bytes given back (0 elsewhere, and off Linux)."""
+    first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the range only
+    if last <= first or not sys.platform.startswith("linux") or not any(lo <= start and end <= hi for lo, hi in within):
         return 0
     return last - first if madvise()(first, last - first, MADV_DONTNEED) == 0 else 0
 

@@ -83,7 +83,9 @@ def to_stream(parts: list[Tensor], groups: int, ways: int, consume: bool = False
     return out
 
 
-def from_stream(stream: Tensor, like: list[tuple[tuple[int, ...], torch.dtype]], groups: int, ways: int) -> list[Tensor]:
+def from_stream(
+    stream: Tensor, like: list[tuple[tuple[int, ...], torch.dtype]], groups: int, ways: int
+) -> list[Tensor]:
     """``to_stream``'s inverse: the parts (P, *shape) of (shape, dtype) in ``like``, panels in order."""
     P = stream.shape[0]
     parts = [stream_zeros((P, *shape), dtype) for shape, dtype in like]

@@ -29,7 +29,13 @@
 // scales): the hardware prefetcher follows one stream and lost the others (one thread, the 1B
 // shape's int4 panels: 74-80% of the plain read against 93-108% interleaved; in this kernel,
 // benchmarks/panel_rates.py: one row of int4 1.28x at one thread, 1.08-1.58x at two). The scales
-// lie inside the stream, not in a second one beside it, for the same reason: MEASURED_INLINE.
+// lie inside the stream, not in a second one beside it, for the same reason: the 1B shape's int4
+// group-64 projections at one row, 2 threads, an Intel Xeon (AVX-512 with VNNI and AMX, 2 cores)
+// with its plain read at 28 GB/s (2026-12-06, each kind's 16 matrices in turn, best of 8, four
+// rounds): gate/up 80-82% -> 87-89% of the plain read, down 65-68% -> 74-75%, the head 84-91% ->
+// 96-101% (with GROUP_AHEAD). In a scratch build over the old layout, the scales not read at all
+// gave 80-82% of the bytes counted with them, read from the line just loaded 75-76%; prefetching the
+// scales' own stream (0.25-1 KB ahead, or a group's scales at once) none above the 64-68% without.
 // `vpdpbusd` multiplies unsigned by signed bytes, so the weights are stored unsigned (q + 8, q +
 // 128) and x signed: a block's sum is sum((q + c) x) = sum(q x) + c sum(x), corrected once per
 // block with the block's sum of x. Without VNNI, `vpmaddubsw`'s 16-bit pair sums would overflow
@@ -96,9 +102,9 @@ constexpr int64_t LINE = 64;
 // takes none (rows_for).
 constexpr int64_t AHEAD = 8192;
 // Prefetch distance of an interleaved group's stream read in one pass (one or two rows of x), into
-// L1: 2 KB (1B-sized int4 group-64 matrices, 1 row, 2 threads, this EPYC at a 28 GB/s plain read,
-// 2026-12-06: 0.5 KB 64-67% of the plain read, none 65-68%, 1 KB 69-71%, 2 KB 72-73%, 1 KB into L2
-// 65-68%). Passes of more rows prefetch the next block instead (run_ways).
+// L1: 2 KB (1B-sized int4 group-64 matrices, 1 row, 2 threads, the Intel Xeon of the layout comment
+// at a 28 GB/s plain read, 2026-12-06: 0.5 KB 64-67% of the plain read, none 65-68%, 1 KB 69-71%,
+// 2 KB 72-73%, 1 KB into L2 65-68%). Passes of more rows prefetch the next block instead (run_ways).
 constexpr int64_t GROUP_AHEAD = 2048;
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
