@@ -20,6 +20,8 @@ class Int4Panels(PanelLinear, Int4Linear):
     outputs; byte i of an output's 4 holds input i (low nibble) and i + 4 (high), each q + 8) and
     its scales as (P, K / G, 16)."""
 
+    dequant_bits = 4
+
     def allocate(self, group_size: int | None) -> None:
         P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
         self.register_buffer("panels", stream_zeros((P, K // 8, LANES, 4), torch.uint8), persistent=False)
@@ -52,6 +54,7 @@ class Int4MinPanels(Int4Panels, Int4MinLinear):
     minimum times the group's sum of x (nn/quant_min.py)."""
 
     half_scales = False  # int4_min_mm takes fp32 or two-level scales only
+    dequant_bits = 0  # its minimums: the integer kernels only
     portable_names = ("qweight", "scale", "minimum")
     LAID = ("panels", "scale", "minimum")
 

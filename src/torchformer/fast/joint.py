@@ -145,7 +145,7 @@ class PanelJoint(Joint):
         return self.members[0].runs(x)
 
     def product(self, x: Tensor) -> Tensor:
-        return self.fused.product(rows_of(x))
+        return self.fused.multiply(rows_of(x))
 
     def current(self, owner: nn.Module) -> bool:
         """Whether the members are still the owner's and still view the joint buffer."""

@@ -54,11 +54,31 @@ def ops_ready() -> bool:
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::intn_mm")(lambda x, w, s, n, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
+    torch.library.register_fake("torchformer::dequant_t")(lambda out, panels, scale, n, k, g, bits, p0, p1: None)
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     torch.library.register_fake("torchformer::bf16_dot")(
         lambda x, w: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
     )
     return True
+
+
+# A prefill on a CPU with bf16 matrix units (AMX): from BF16_ROWS rows on, interleaved int8 / int4 panels
+# multiply x in bf16 through oneDNN's product over W^T in blocks of about BF16_BLOCK_BYTES
+# (``bf16_product``), never the whole matrix at once. On the Intel Xeon of RESULTS.md's 1B table a
+# 512-token prefill took the integer kernels 3171 ms (int8) / 2600 (int4) against bf16's 1142; this
+# route, compiled (one process, best of 3): int8 1.70-1.81 s against 3.35-3.40, int4 1.63-1.66
+# against 2.59-2.64. Blocks of 4 MB of W^T in one buffer reused block after block (the 1B gate/up's
+# product: 4 MB 37-40 ms, 16 MB 37, all 64 MB at once 59; the integer kernels 84-88).
+BF16_ROWS = 64
+BF16_BLOCK_BYTES = 4 << 20
+
+
+def bf16_units() -> bool:
+    """Whether this CPU takes prefills' quantized products in bf16: AMX tiles (oneDNN's bf16 product
+    runs on them) and the kernels' ``dequant_t`` (AVX512-VBMI and -BF16). Read once per twin, when it
+    is made (``PanelLinear.empty``)."""
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return ops_ready() and amx() and torch.ops.torchformer.dequant_ready()
 
 
 def from_panels(panels: Tensor, n: int) -> Tensor:
@@ -94,6 +114,8 @@ class PanelLinear(QuantLinear):
     super_group = 0  # inputs per super-scale where the scales are two-level (fast/two_level.py), else 0
     ways = 1  # panels interleaved a group (``interleave``), 1: one after another
     LAID = ("panels", "scale")  # the tensors that hold a slab per panel: one stream where interleaved
+    dequant_bits = 0  # the bits ``dequant_t`` takes of this format's interleaved panels (0: none)
+    prefill_bf16 = False  # whether prefills multiply in bf16 (``bf16_units``, set when made)
     laid: tuple = ()  # interleaved: each LAID tensor's (shape past P, dtype), as ``in_order`` gives it back
 
     def __init__(self, source: QuantLinear) -> None:
@@ -110,6 +132,7 @@ class PanelLinear(QuantLinear):
         self._init_bias(bias)
         self.allocate(group_size)
         self.register_buffer("super_scale", None, persistent=False)  # (P, K/SG, 16) f16: two-level scales only
+        self.prefill_bf16 = bf16_units()
 
     @classmethod
     def of(cls, source: QuantLinear) -> PanelLinear:
@@ -149,7 +172,7 @@ class PanelLinear(QuantLinear):
             # The reference: training error, other devices, and any product under grad mode (QLoRA
             # trains over these modules: its forward stays exact, activations unrounded).
             return super().forward(x)
-        return self.finish(self.product(rows_of(x)), x)
+        return self.finish(self.multiply(rows_of(x)), x)
 
     def runs(self, x: Tensor) -> bool:
         """Whether the kernel takes x: inference on the CPU (module docstring)."""
@@ -157,6 +180,27 @@ class PanelLinear(QuantLinear):
 
     def finish(self, out: Tensor, x: Tensor) -> Tensor:
         return finished(out, x, self.bias, self.out_features)
+
+    def multiply(self, x2: Tensor) -> Tensor:
+        """x2 (rows, K) fp32 -> (rows, N) fp32: the kernels' integer product (``product``), or for a
+        prefill where ``prefill_bf16`` the bf16 one (``bf16_product``)."""
+        if self.prefill_bf16 and x2.shape[0] >= BF16_ROWS and self.ways > 1 and self.dequant_bits:
+            return self.bf16_product(x2)
+        return self.product(x2)
+
+    def bf16_product(self, x2: Tensor) -> Tensor:
+        """x2 @ W^T in bf16, W^T made from the panels a block of whole panel groups at a time."""
+        N, K, P = self.out_features, self.in_features, -(-self.out_features // LANES)
+        step = max(1, BF16_BLOCK_BYTES // (K * LANES * 2 * self.ways)) * self.ways  # panels a block
+        xb, out = x2.to(torch.bfloat16), x2.new_empty((x2.shape[0], N))
+        wt = x2.new_empty((K, min(P, step) * LANES), dtype=torch.bfloat16)  # W^T's block, reused
+        for p0 in range(0, P, step):
+            p1 = min(P, p0 + step)
+            group, bits = self.group_size or K, self.dequant_bits
+            torch.ops.torchformer.dequant_t(wt, self.panels, self.scale, N, K, group, bits, p0, p1)
+            n0, n1 = p0 * LANES, min(N, p1 * LANES)
+            out[:, n0:n1] = torch.mm(xb, wt[:, : n1 - n0])
+        return out
 
     def product(self, x2: Tensor) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -322,6 +366,10 @@ class Int8Panels(PanelLinear, Int8Linear):
 
     def interleaves(self) -> bool:
         return self.bits == 8 and super().interleaves()
+
+    @property
+    def dequant_bits(self) -> int:  # type: ignore[override]
+        return 8 if self.bits == 8 else 0
 
     def portable(self) -> Int8Linear:
         N = self.out_features
