@@ -31,7 +31,7 @@ def test_w_transposed_is_the_weight_in_bf16_and_a_prefill_within_its_rounding(ki
     weight = twin.dequantized()  # (n, k) fp32: the reference module's
     P = -(-n // 16)
     wt = torch.full((k, 16 * P + 5), 7.0, dtype=torch.bfloat16)  # wider than the block: the rest untouched
-    torch.ops.torchformer.dequant_t(wt, twin.panels, twin.scale, n, k, group or k, twin.dequant_bits, 0, P)
+    torch.ops.torchformer.dequant_t(wt, twin.panels, twin.scale, n, k, group or k, twin.dequant_bits, twin.ways, 0, P)
     assert torch.equal(wt[:, :n], weight.T.to(torch.bfloat16)) and bool((wt[:, 16 * P :] == 7).all())
     x = torch.randn(BF16_ROWS + 3, k)
     twin.prefill_bf16 = True
@@ -63,10 +63,10 @@ def test_the_op_refuses_a_block_off_the_group_grid_and_panels_in_order():
     twin = twin_of("int4", 16 * 9, 256, 32)
     out = torch.empty(256, 16 * 9, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"whole groups of 4, got \[2, 6\)"):
-        torch.ops.torchformer.dequant_t(out, twin.panels, twin.scale, 16 * 9, 256, 32, 4, 2, 6)
+        torch.ops.torchformer.dequant_t(out, twin.panels, twin.scale, 16 * 9, 256, 32, 4, 4, 2, 6)
     with pytest.raises(RuntimeError, match="out must be a contiguous bf16"):
-        torch.ops.torchformer.dequant_t(out[:, :16], twin.panels, twin.scale, 16 * 9, 256, 32, 4, 0, 4)
+        torch.ops.torchformer.dequant_t(out[:, :16], twin.panels, twin.scale, 16 * 9, 256, 32, 4, 4, 0, 4)
     plain = twin_of("int4", 16 * 9, 256, 32)
     plain.interleave(1)
     with pytest.raises(RuntimeError, match="the panels do not match"):
-        torch.ops.torchformer.dequant_t(out, plain.panels, plain.scale.new_empty(0), 16 * 9, 256, 32, 4, 0, 9)
+        torch.ops.torchformer.dequant_t(out, plain.panels, plain.scale.new_empty(0), 16 * 9, 256, 32, 4, 4, 0, 9)

@@ -12,8 +12,8 @@ import torch
 
 from torchformer.fast import formats
 from torchformer.fast.int4_panels import Int4Panels
+from torchformer.fast.int8_panels import Int8Panels
 from torchformer.fast.panels import stream_zeros, streamed
-from torchformer.fast.quant_panels import Int8Panels
 from torchformer.host_memory import HUGE_PAGE
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

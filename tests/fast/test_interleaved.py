@@ -19,7 +19,7 @@ from tests.grid import build, variants
 from torchformer.fast import formats
 from torchformer.fast import panels as layout
 from torchformer.fast.int4_panels import Int4MinPanels, Int4Panels
-from torchformer.fast.quant_panels import Int8Panels
+from torchformer.fast.int8_panels import Int8Panels
 from torchformer.nn.attention import Attention
 from torchformer.nn.quant import Int4Linear, Int8Linear
 from torchformer.nn.quant_min import Int4MinLinear

@@ -19,9 +19,10 @@ from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
 from .bf16 import Bf16Linear
 from .int4_panels import Int4MinPanels, Int4Panels
+from .int8_panels import Int8Panels
 from .joint import bf16_groups, join
 from .panels import huge_arena
-from .quant_panels import Int8Panels, PanelLinear, ops_ready
+from .quant_panels import PanelLinear, ops_ready
 
 STREAM_CHUNK = 32 << 20  # bytes of a mapped bf16 weight copied into huge pages at a time (stream_mapped_bf16)
 

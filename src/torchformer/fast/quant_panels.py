@@ -37,11 +37,10 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from ..nn.quant import Int8Linear, QuantLinear, quantize_by_blocks, row_blocks
-from . import low_bits as low
+from ..nn.quant import QuantLinear, quantize_by_blocks, row_blocks
 from . import two_level
 from .native import kernels
-from .panels import LANES, from_stream, panels, stream_zeros, streamed, to_stream
+from .panels import LANES, from_stream, streamed, to_stream
 
 
 @functools.cache
@@ -54,7 +53,7 @@ def ops_ready() -> bool:
     torch.library.register_fake("torchformer::int4_mm")(lambda x, w, s, n, g, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::intn_mm")(lambda x, w, s, n, *_: x.new_empty((x.shape[0], n)))
     torch.library.register_fake("torchformer::int4_min_mm")(lambda x, w, s, m, n, g, *_: x.new_empty((x.shape[0], n)))
-    torch.library.register_fake("torchformer::dequant_t")(lambda out, panels, scale, n, k, g, bits, p0, p1: None)
+    torch.library.register_fake("torchformer::dequant_t")(lambda out, panels, scale, n, k, g, bits, w, p0, p1: None)
     torch.library.register_fake("torchformer::bf16_linear")(lambda x, w: x.new_empty((x.shape[0], w.shape[0])))
     torch.library.register_fake("torchformer::bf16_dot")(
         lambda x, w: x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
@@ -73,10 +72,11 @@ BF16_ROWS = 64
 BF16_BLOCK_BYTES = 4 << 20
 
 
+@functools.cache
 def bf16_units() -> bool:
     """Whether this CPU takes prefills' quantized products in bf16: AMX tiles (oneDNN's bf16 product
-    runs on them) and the kernels' ``dequant_t`` (AVX512-VBMI and -BF16). Read once per twin, when it
-    is made (``PanelLinear.empty``)."""
+    runs on them) and the kernels' ``dequant_t`` (AVX512-VBMI and -BF16); a twin keeps the answer
+    when it is made (``PanelLinear.empty``)."""
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
     return ops_ready() and amx() and torch.ops.torchformer.dequant_ready()
 
@@ -190,14 +190,14 @@ class PanelLinear(QuantLinear):
 
     def bf16_product(self, x2: Tensor) -> Tensor:
         """x2 @ W^T in bf16, W^T made from the panels a block of whole panel groups at a time."""
-        N, K, P = self.out_features, self.in_features, -(-self.out_features // LANES)
-        step = max(1, BF16_BLOCK_BYTES // (K * LANES * 2 * self.ways)) * self.ways  # panels a block
+        N, K, P, ways = self.out_features, self.in_features, -(-self.out_features // LANES), self.ways
+        step = max(1, BF16_BLOCK_BYTES // (K * LANES * 2 * ways)) * ways  # panels a block, whole groups
         xb, out = x2.to(torch.bfloat16), x2.new_empty((x2.shape[0], N))
         wt = x2.new_empty((K, min(P, step) * LANES), dtype=torch.bfloat16)  # W^T's block, reused
+        group, bits = self.group_size or K, self.dequant_bits
         for p0 in range(0, P, step):
             p1 = min(P, p0 + step)
-            group, bits = self.group_size or K, self.dequant_bits
-            torch.ops.torchformer.dequant_t(wt, self.panels, self.scale, N, K, group, bits, p0, p1)
+            torch.ops.torchformer.dequant_t(wt, self.panels, self.scale, N, K, group, bits, ways, p0, p1)
             n0, n1 = p0 * LANES, min(N, p1 * LANES)
             out[:, n0:n1] = torch.mm(xb, wt[:, : n1 - n0])
         return out
@@ -264,16 +264,15 @@ class PanelLinear(QuantLinear):
             ways = torch.ops.torchformer.panel_ways() if self.interleaves() else 1
         if ways == self.ways:
             return
-        groups = self.in_features // (self.group_size or self.in_features)
         if self.ways > 1:
-            parts = from_stream(self._buffers["panels"], list(self.laid), groups, self.ways)
+            parts = from_stream(self._buffers["panels"], list(self.laid), self.weight_groups(), self.ways)
             for name, t in zip(self.LAID, parts):
                 self._buffers[name] = t
             self.ways, self.laid = 1, ()
         if ways > 1:
             parts = [self._buffers[name] for name in self.LAID]
             self.laid = tuple((tuple(t.shape[1:]), t.dtype) for t in parts)
-            self._buffers["panels"] = to_stream(parts, groups, ways, consume=True)  # the module's own, dropped
+            self._buffers["panels"] = to_stream(parts, self.weight_groups(), ways, consume=True)  # its own, dropped
             for name, t in zip(self.LAID[1:], parts[1:]):
                 self._buffers[name] = t.new_empty(0)  # its dtype: the kernels read the values from the stream
             self.ways = ways
@@ -286,8 +285,13 @@ class PanelLinear(QuantLinear):
         """Buffer ``name`` (one of LAID) with its panels one after another, whatever ``ways``."""
         if self.ways == 1:
             return self._buffers[name]
-        groups = self.in_features // (self.group_size or self.in_features)
-        return from_stream(self._buffers["panels"], list(self.laid), groups, self.ways)[self.LAID.index(name)]
+        return from_stream(self._buffers["panels"], list(self.laid), self.weight_groups(), self.ways)[
+            self.LAID.index(name)
+        ]
+
+    def weight_groups(self) -> int:
+        """Groups of inputs with a scale of their own in each row (1: one scale per row)."""
+        return self.in_features // (self.group_size or self.in_features)
 
     def compact_scales(self, source: QuantLinear | None = None) -> None:
         """Keep the scales in the file's two-level form where ``source`` carries it (GGUF's
@@ -320,64 +324,3 @@ class PanelLinear(QuantLinear):
     def super_args(self) -> tuple[Tensor | None, int, int]:
         """The ops' (super_scale, super_group, ways) arguments."""
         return self.super_scale, self.super_group, self.ways
-
-
-class Int8Panels(PanelLinear, Int8Linear):
-    """``Int8Linear`` as panels (P, K / 4, 16, 4) of bytes q + 128 (each 64-byte line: 4 inputs of
-    16 outputs; unsigned for the integer dot product, csrc/quantized.cpp) and its scales as
-    (P, K / G, 16), G = K for one scale per row. Where every value fits 5 or 6 bits (GGUF's Q5_0
-    and Q6_K, interop/gguf/weights.py) the panels hold that many bits a weight instead
-    (fast/low_bits.py)."""
-
-    bits = 8  # 5 or 6 where the values fit (fill): csrc's Low panels
-
-    def allocate(self, group_size: int | None) -> None:
-        P, K, self.group_size = -(-self.out_features // LANES), self.in_features, group_size
-        self.register_buffer("panels", stream_zeros((P, K // 4, LANES, 4), torch.uint8), persistent=False)
-        self.register_buffer("scale", stream_zeros((P, K // (group_size or K), LANES), torch.float32), persistent=False)
-
-    def fill(self, source: QuantLinear) -> None:
-        K, G = self.in_features, self.group_size or self.in_features
-        # block by block: a source that decodes its rows as asked (interop/gguf/weights.py FileRows)
-        # never makes the whole matrix at once
-        bits = max(low.low_bits(source.values(rows)[0], K, G) for rows in row_blocks(self.out_features, K, LANES))
-        if bits != self.bits:  # (P, K / 4, 16, 4), or (P, K / KL * lines, 16, 4) (low_lines)
-            self.bits, P, K = bits, self.panels.shape[0], self.in_features
-            lines = K // 4 if bits == 8 else K // low.LOW_INPUTS[bits] * (low.LOW_INPUTS[bits] // 8 + 1)
-            self.panels = stream_zeros((P, lines, LANES, 4), torch.uint8)
-        super().fill(source)
-
-    def write(self, rows: slice, q: Tensor, scale: Tensor) -> None:
-        p = rows.start // LANES
-        if self.bits == 8:
-            u = q.view(torch.uint8) ^ 0x80  # (n, K): q + 128, the top bit of a two's complement byte flipped
-            block = panels(u.reshape(q.shape[0], -1, 4))  # (p', K/4, 16, 4)
-        else:
-            block = panels(low.low_lines(q, self.bits))  # (p', K/KL * lines, 16, 4)
-        self.panels[p : p + block.shape[0]] = block
-        self.scale[p : p + block.shape[0]] = panels(scale.reshape(q.shape[0], -1))  # (p', K/G, 16)
-
-    def product(self, x2: Tensor) -> Tensor:
-        group, n = self.group_size or self.in_features, self.out_features
-        if self.bits != 8:
-            sup, size, _ = self.super_args()  # never interleaved
-            return torch.ops.torchformer.intn_mm(x2, self.panels, self.scale, n, group, self.bits, sup, size)
-        return torch.ops.torchformer.int8_mm(x2, self.panels, self.scale, n, group, *self.super_args())
-
-    def interleaves(self) -> bool:
-        return self.bits == 8 and super().interleaves()
-
-    @property
-    def dequant_bits(self) -> int:  # type: ignore[override]
-        return 8 if self.bits == 8 else 0
-
-    def portable(self) -> Int8Linear:
-        N = self.out_features
-        b = from_panels(self.in_order("panels"), N)  # (N, K/4, 4) or (N, K/KL * lines, 4)
-        if self.bits == 8:
-            q = (b.reshape(N, -1) ^ 0x80).view(torch.int8)  # (N, K): the bytes - 128
-        else:
-            q = low.low_values(b, self.bits)  # (N, K)
-        scale = from_panels(self.full_scales(), N)  # (N, K/G)
-        scale = scale[:, 0].clone() if self.group_size is None else scale.contiguous()
-        return Int8Linear(q, scale, self.bias, self.group_size)

@@ -19,7 +19,7 @@ namespace {
 
 constexpr int64_t LANES = 16;
 constexpr int64_t LINE = 64;
-constexpr int64_t WAYS = 4;  // quantized.cpp's interleaved group (the AVX-512 build's)
+constexpr int64_t MAX_WAYS = 4;  // the most panels an interleaved group holds (quantized.cpp's WAYS, `panel_ways`)
 
 bool ready() {
 #if defined(__AVX512F__)
@@ -50,7 +50,7 @@ void group_t(const uint8_t* p, int64_t w, int64_t K, int64_t G,
   const int64_t group = units + w * sbytes;
   for (int64_t kg = 0; kg < K / G; ++kg) {
     const uint8_t* blk = p + kg * group;
-    __m512 s[WAYS], off[WAYS];
+    __m512 s[MAX_WAYS], off[MAX_WAYS];
     for (int64_t j = 0; j < w; ++j) {
       const S* sp = reinterpret_cast<const S*>(blk + units + j * sbytes);
       if constexpr (sizeof(S) == 2)
@@ -91,15 +91,15 @@ void group_t(const uint8_t* p, int64_t w, int64_t K, int64_t G,
 #endif
 
 template <int BITS, class S>
-void run(const uint8_t* panels, int64_t P, int64_t K, int64_t G, int64_t p0, int64_t p1, uint16_t* out,
-         int64_t ldo) {
+void run(const uint8_t* panels, int64_t P, int64_t K, int64_t G, int64_t ways, int64_t p0, int64_t p1,
+         uint16_t* out, int64_t ldo) {
 #if defined(__AVX512F__)
   constexpr int64_t KL = BITS == 4 ? 8 : 4;
   const int64_t stream = K / KL * LINE + K / G * LANES * static_cast<int64_t>(sizeof(S));
-  at::parallel_for(p0 / WAYS, (p1 + WAYS - 1) / WAYS, 1, [&](int64_t b, int64_t e) {
+  at::parallel_for(p0 / ways, (p1 + ways - 1) / ways, 1, [&](int64_t b, int64_t e) {
     for (int64_t g = b; g < e; ++g) {
-      const int64_t w = std::min<int64_t>(WAYS, P - g * WAYS);
-      group_t<BITS, S>(panels + g * WAYS * stream, w, K, G, out + (g * WAYS - p0) * LANES, ldo);
+      const int64_t w = std::min<int64_t>(ways, P - g * ways);
+      group_t<BITS, S>(panels + g * ways * stream, w, K, G, out + (g * ways - p0) * LANES, ldo);
     }
   });
 #endif
@@ -109,11 +109,11 @@ void run(const uint8_t* panels, int64_t P, int64_t K, int64_t G, int64_t p0, int
 
 // panels: interleaved int8 (bits 8) or int4 (bits 4) panels with their one-level scales inside, of an
 // n x k weight, group `group`; scale: the empty tensor that gives the scales' dtype (fp32 or f16).
-// Writes W^T of panels [p0, p1) (p0 a multiple of the group of 4) into the first 16 (p1 - p0) columns
-// of `out` (k, m) bf16: a buffer the caller reuses block after block (a fresh one a block cost its
-// page faults: the 1B down's W^T 19.5 ms against 5.8 in reused memory).
+// Writes W^T of panels [p0, p1) (whole groups of `ways`, the panels' interleaving) into the first
+// 16 (p1 - p0) columns of `out` (k, m) bf16: a buffer the caller reuses block after block (a fresh
+// one a block cost its page faults: the 1B down's W^T 19.5 ms against 5.8 in reused memory).
 void dequant_t(torch::Tensor& out, const torch::Tensor& panels, const torch::Tensor& scale, int64_t n, int64_t k,
-               int64_t group, int64_t bits, int64_t p0, int64_t p1) {
+               int64_t group, int64_t bits, int64_t ways, int64_t p0, int64_t p1) {
   TORCH_CHECK(ready(), "dequant_t: needs AVX512-VBMI and AVX512-BF16");
   TORCH_CHECK(bits == 4 || bits == 8, "dequant_t: bits must be 4 or 8, got ", bits);
   const bool half = scale.scalar_type() == at::kHalf;
@@ -123,8 +123,10 @@ void dequant_t(torch::Tensor& out, const torch::Tensor& panels, const torch::Ten
   const int64_t stream = k / KL * LINE + k / group * LANES * scale.element_size();
   TORCH_CHECK(panels.scalar_type() == at::kByte && panels.is_contiguous() && panels.numel() == P * stream,
               "dequant_t: the panels do not match n, k and the group (interleaved, with their scales)");
-  TORCH_CHECK(0 <= p0 && p0 < p1 && p1 <= P && p0 % WAYS == 0 && (p1 % WAYS == 0 || p1 == P),
-              "dequant_t: panels [p0, p1) must lie in [0, ", P, ") in whole groups of ", WAYS, ", got [", p0, ", ",
+  TORCH_CHECK(1 < ways && ways <= MAX_WAYS, "dequant_t: ways must be 2 to ", MAX_WAYS, " (interleaved panels), got ",
+              ways);
+  TORCH_CHECK(0 <= p0 && p0 < p1 && p1 <= P && p0 % ways == 0 && (p1 % ways == 0 || p1 == P),
+              "dequant_t: panels [p0, p1) must lie in [0, ", P, ") in whole groups of ", ways, ", got [", p0, ", ",
               p1, ")");
   TORCH_CHECK(out.scalar_type() == at::kBFloat16 && out.is_contiguous() && out.dim() == 2 && out.size(0) == k &&
                   out.size(1) >= (p1 - p0) * LANES,
@@ -133,16 +135,16 @@ void dequant_t(torch::Tensor& out, const torch::Tensor& panels, const torch::Ten
   const auto* p = panels.data_ptr<uint8_t>();
   const int64_t ldo = out.size(1);
   if (bits == 4)
-    half ? run<4, uint16_t>(p, P, k, group, p0, p1, o, ldo) : run<4, float>(p, P, k, group, p0, p1, o, ldo);
+    half ? run<4, uint16_t>(p, P, k, group, ways, p0, p1, o, ldo) : run<4, float>(p, P, k, group, ways, p0, p1, o, ldo);
   else
-    half ? run<8, uint16_t>(p, P, k, group, p0, p1, o, ldo) : run<8, float>(p, P, k, group, p0, p1, o, ldo);
+    half ? run<8, uint16_t>(p, P, k, group, ways, p0, p1, o, ldo) : run<8, float>(p, P, k, group, ways, p0, p1, o, ldo);
 }
 
 bool dequant_ready() { return ready(); }
 
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
   m.def("dequant_ready() -> bool", &dequant_ready);
-  m.def("dequant_t(Tensor(a!) out, Tensor panels, Tensor scale, int n, int k, int group, int bits, int p0, "
-        "int p1) -> ()");
+  m.def("dequant_t(Tensor(a!) out, Tensor panels, Tensor scale, int n, int k, int group, int bits, int ways, "
+        "int p0, int p1) -> ()");
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("dequant_t", &dequant_t); }
