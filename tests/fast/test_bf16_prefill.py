@@ -70,3 +70,17 @@ def test_the_op_refuses_a_block_off_the_group_grid_and_panels_in_order():
     plain.interleave(1)
     with pytest.raises(RuntimeError, match="the panels do not match"):
         torch.ops.torchformer.dequant_t(out, plain.panels, plain.scale.new_empty(0), 16 * 9, 256, 32, 4, 4, 0, 9)
+
+
+def test_bf16_activations_stay_bf16():
+    """bf16 x takes the route without an fp32 round trip: the output is bf16, bit for bit what fp32
+    x holding the same values gives rounded to bf16."""
+    twin = twin_of("int4", 48, 256, 32)
+    twin.prefill_bf16 = True
+    x = torch.randn(BF16_ROWS + 3, 256).to(torch.bfloat16)
+    with torch.no_grad():
+        got = twin(x)
+        assert got.dtype == torch.bfloat16
+        assert torch.equal(got, twin(x.float()).to(torch.bfloat16))
+        out = twin.multiply(x)
+        assert out.dtype == torch.bfloat16 and out.shape == (x.shape[0], 48)

@@ -51,7 +51,7 @@ from ..nn.attention import Attention
 from ..nn.mlp import GatedMLP
 from .bf16 import Bf16Linear, bf16_product, kernels_take
 from .panels import LANES, storage_window, stream_zeros
-from .quant_panels import PanelLinear, rows_of
+from .quant_panels import PanelLinear
 
 # owner class -> (the method its twin runs jointly, its members' attribute names)
 OWNERS = {Attention: ("project", ("q_proj", "k_proj", "v_proj")), GatedMLP: ("gate_up", ("gate", "up"))}
@@ -87,7 +87,7 @@ class Joint:
 
     def __call__(self, x: Tensor) -> tuple[Tensor, ...]:
         """x (..., K) -> each member's output (..., N_i)."""
-        out = self.product(x)  # (rows, sum N_i) fp32
+        out = self.product(x)  # (rows, sum N_i): fp32, or bf16 from a bf16 prefill
         parts = out.split(self.widths, dim=-1)
         if out.shape[0] <= CONTIGUOUS_ROWS:
             # Each part contiguous, as the member's own product is: a strided one can take another
@@ -145,7 +145,7 @@ class PanelJoint(Joint):
         return self.members[0].runs(x)
 
     def product(self, x: Tensor) -> Tensor:
-        return self.fused.multiply(rows_of(x))
+        return self.fused.multiply(x)
 
     def current(self, owner: nn.Module) -> bool:
         """Whether the members are still the owner's and still view the joint buffer."""

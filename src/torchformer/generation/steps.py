@@ -64,8 +64,13 @@ def cache_length(needed: int, max_seq_len: int, bucketed: bool) -> int:
 # sizes alternated, best of 3, ms for 1 x 512 / 8 x 64 tokens; 2026-12-06): bf16 whole 2880 / 2614,
 # 256 rows 2735 / 2565, 128 rows 2938 / 2795; int4 g64 2266 / 2001, 2066 / 1934, 2089 / 1921; int8
 # 2501 / 2361, 2153 / 1680, 2052 / 2167. Peak RSS of the bf16 8 x 64 prefill 2722 MiB whole, 2702
-# in 256-row chunks. Other devices' products want more rows at once (their chunk is larger).
-PREFILL_ROWS = {"cpu": 256}
+# in 256-row chunks. A CPU with AMX tiles takes 512-row chunks: its bf16 products (oneDNN's, and the
+# quantized twins' bf16 prefill, which makes each W^T once a chunk: fast/quant_panels.py) gain from
+# more rows. Measured on the 1B shape (an AMX Xeon, 2 threads, one process, a 512-token prompt's
+# compiled first token, chunk sizes alternated, three rounds, ms, 256 / 512 rows; 2026-12-07): bf16
+# 1048 1025 / 982 991, int8 1431 1419 / 1296 1260, int4 1406 1425 / 1212 1190. Other devices'
+# products want more rows at once (their chunk is larger).
+PREFILL_ROWS = {"cpu": 512 if torch.cpu._is_amx_tile_supported() else 256}
 PREFILL_ROWS_ELSEWHERE = 4096
 
 
