@@ -101,11 +101,17 @@ constexpr int64_t LINE = 64;
 // single-stream passes 0.91x (Q6_K) and 1.07x (Q4_K). The one-row pass over TASK_PANELS streams
 // takes none (rows_for).
 constexpr int64_t AHEAD = 8192;
-// Prefetch distance of an interleaved group's stream read in one pass (one or two rows of x), into
-// L1: 2 KB (1B-sized int4 group-64 matrices, 1 row, 2 threads, the Intel Xeon of the layout comment
-// at a 28 GB/s plain read, 2026-12-06: 0.5 KB 64-67% of the plain read, none 65-68%, 1 KB 69-71%,
-// 2 KB 72-73%, 1 KB into L2 65-68%). Passes of more rows prefetch the next block instead (run_ways).
-constexpr int64_t GROUP_AHEAD = 2048;
+// Prefetch distances of an interleaved group's stream read in one pass (one or two rows of x): each
+// line GROUP_AHEAD_L2 bytes ahead into L2 and GROUP_AHEAD into L1, as csrc/bf16.cpp's one-row product
+// does on Intel. Passes of more rows prefetch the next block instead (run_ways). Measured, L1 only:
+// 1B-sized int4 group-64 matrices, 1 row, 2 threads, the Intel Xeon of the layout comment at a 28
+// GB/s plain read, 2026-12-06: 0.5 KB 64-67% of the plain read, none 65-68%, 1 KB 69-71%, 2 KB
+// 72-73%, 1 KB into L2 65-68%. Then both (the 1B model's 113 projections in model order, one row,
+// their bytes over the time against the plain read just before, two fresh processes a tree
+// alternated three times, medians, 2026-12-07): int8 80% with 2 KB into L1 only, 92% with 4 KB
+// into L2 and 0.5 KB into L1 (8 KB and 1 KB: 83%); int4 g64 72% either way (68% at 8 KB / 1 KB).
+constexpr int64_t GROUP_AHEAD_L2 = 4096;
+constexpr int64_t GROUP_AHEAD = 512;
 constexpr int64_t BLOCK_BYTES = 16384;
 // Rows of x per pass over a panel. A row's 16 int32 sums are one register in the AVX-512 build
 // (8 rows: 8 of 32) but two in the AVX2 build, where 8 rows' sums alone fill all 16 and every dot
