@@ -572,6 +572,9 @@ def measure_once(runner, spec: dict) -> dict:
     out["rss_mb"] = peak_rss_mb()
     if hasattr(runner, "held"):
         out["held_mb"], out["kv_mb"] = runner.held / 2**20, runner.kv / 2**20
+        # A step compiled in this worker (not found in the step cache) imports inductor, whose
+        # modules (~150 MiB of sympy, triton and its own) the peak then holds: said with the row.
+        out["inductor"] = "torch._inductor.codecache" in sys.modules
     return out
 
 
@@ -801,10 +804,11 @@ def memory_notes(rows: list[dict]) -> list[str]:
     for r in rows:
         sample = r["samples"][0] if r["samples"] else {}
         if "held_mb" in sample:
-            beyond = max(s["rss_mb"] for s in r["samples"]) - sample["held_mb"] - sample["kv_mb"]
-            parts.append(
-                f"{r['system']} {beyond:.0f} (weights {sample['held_mb']:.0f}, KV cache {sample['kv_mb']:.0f})"
-            )
+            held, kv = sample["held_mb"], sample["kv_mb"]
+            beyond = max(s["rss_mb"] for s in r["samples"]) - held - kv
+            inductor = any(s.get("inductor") for s in r["samples"])
+            compiled = ", inductor imported: a step compiled here" if inductor else ""
+            parts.append(f"{r['system']} {beyond:.0f} (weights {held:.0f}, KV cache {kv:.0f}{compiled})")
     if not parts:
         return []
     return [f"peak RSS beyond the weights held and the largest KV cache, MiB (target <= {BUDGET_MIB:.0f}): "

@@ -185,6 +185,9 @@ def test_the_memory_note_subtracts_weights_and_cache_from_the_peak():
             {"system": "llama.cpp F16", "engine": "llama.cpp", "samples": [{"rss_mb": 900.0}]}]  # fmt: skip
     (note,) = engines.memory_notes(rows)
     assert note.endswith("torchformer bf16 compiled 336 (weights 600, KV cache 64)") and "target <= 286" in note
+    ours[1]["inductor"] = True  # a round whose worker compiled a step: said, its imports count
+    (note,) = engines.memory_notes(rows)
+    assert note.endswith("336 (weights 600, KV cache 64, inductor imported: a step compiled here)")
 
 
 @pytest.mark.parametrize("shape", ["toy", "1b"])
