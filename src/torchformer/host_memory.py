@@ -198,7 +198,7 @@ def release_range(start: int, end: int, within: list[tuple[int, int]]) -> int:
     """``MADV_DONTNEED`` over the whole pages inside [start, end) where that lies in one of the
     ranges ``within``; the bytes given back (0 elsewhere, and off Linux)."""
     first, last = -(-start // PAGE) * PAGE, end // PAGE * PAGE  # whole pages inside the range only
-    if last <= first or not sys.platform.startswith("linux") or not any(lo <= start and end <= hi for lo, hi in within):
+    if last <= first or not sys.platform.startswith("linux") or not inside_one(start, end, within):
         return 0
     return last - first if madvise()(first, last - first, MADV_DONTNEED) == 0 else 0
 
@@ -229,7 +229,12 @@ def trim() -> bool:
 
 def _in_file_mapping(start: int, end: int, mappings: list[tuple[int, int]] | None = None) -> bool:
     """Whether [start, end) lies inside one mapping of a regular file (``file_mappings``)."""
-    return any(low <= start and end <= high for low, high in (file_mappings() if mappings is None else mappings))
+    return inside_one(start, end, file_mappings() if mappings is None else mappings)
+
+
+def inside_one(start: int, end: int, ranges: list[tuple[int, int]]) -> bool:
+    """Whether [start, end) lies inside one of the [low, high) ``ranges``."""
+    return any(low <= start and end <= high for low, high in ranges)
 
 
 # --- memory a decode step streams, in transparent huge pages ----------------------------------------

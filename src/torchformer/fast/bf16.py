@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..nn.linear import Linear, cpu_bf16_units
-from .quant_panels import finished, rows_of
+from .quant_panels import finished, rows_in, rows_of
 
 # From this many rows (a prefill) the kernel, which re-reads its x rows per weight tile, loses to
 # MKL's fp32 product over WIDEN_SLICE weight rows widened at a time (bounded scratch, never the
@@ -44,10 +44,6 @@ def widened_product(x2: Tensor, w: Tensor) -> Tensor:
         part = w[start : start + WIDEN_SLICE].float()  # (slice, K)
         torch.mm(part, x2.t(), out=out_t[start : start + WIDEN_SLICE])
     return out_t.t()  # (rows, N)
-
-
-def rows_in(x: Tensor) -> int:
-    return x.numel() // max(1, x.shape[-1])
 
 
 def dot_takes(x: Tensor) -> bool:

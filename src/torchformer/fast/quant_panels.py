@@ -63,11 +63,11 @@ def ops_ready() -> bool:
 
 # A prefill on a CPU with bf16 matrix units (AMX): from BF16_ROWS rows on, interleaved int8 / int4 panels
 # multiply x in bf16 through oneDNN's product over W^T in blocks of about BF16_BLOCK_BYTES
-# (``bf16_product``), never the whole matrix at once. On the Intel Xeon of RESULTS.md's 1B table a
+# (``bf16_product``), never the whole matrix at once. On the Intel Xeon of RESULTS.md's 1B tables a
 # 512-token prefill took the integer kernels 3171 ms (int8) / 2600 (int4) against bf16's 1142; this
-# route, compiled (one process, best of 3): int8 1.70-1.81 s against 3.35-3.40, int4 1.63-1.66
-# against 2.59-2.64. Blocks of 4 MB of W^T in one buffer reused block after block (the 1B gate/up's
-# product: 4 MB 37-40 ms, 16 MB 37, all 64 MB at once 59; the integer kernels 84-88).
+# route (with 512-row chunks, generation/steps.py) 1293 / 1276 against bf16's 1047. Blocks of 4 MB
+# of W^T in one buffer reused block after block (the 1B gate/up joint at 512 rows: 1 MB 144 ms, 2 MB
+# 46.5, 4 MB 28.1, 8 MB 24.1, the product alone 22.1; its down: 4 MB 13.1, 8 MB 21.9).
 BF16_ROWS = 64
 BF16_BLOCK_BYTES = 4 << 20
 
@@ -77,8 +77,7 @@ def bf16_units() -> bool:
     """Whether this CPU takes prefills' quantized products in bf16: AMX tiles (oneDNN's bf16 product
     runs on them) and the kernels' ``dequant_t`` (AVX512-VBMI and -BF16); a twin keeps the answer
     when it is made (``PanelLinear.empty``)."""
-    amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    return ops_ready() and amx() and torch.ops.torchformer.dequant_ready()
+    return ops_ready() and torch.cpu._is_amx_tile_supported() and torch.ops.torchformer.dequant_ready()
 
 
 def from_panels(panels: Tensor, n: int) -> Tensor:
@@ -100,9 +99,14 @@ def fp32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.float32 else streamed(t.float())
 
 
+def rows_in(x: Tensor) -> int:
+    """The rows of x (..., K): the product of its leading dimensions."""
+    return x.numel() // max(1, x.shape[-1])
+
+
 def rows_of(x: Tensor) -> Tensor:
     """x (..., K) as the kernels take it: (rows, K) contiguous fp32."""
-    return x.reshape(x.numel() // max(1, x.shape[-1]), -1).float().contiguous()
+    return x.reshape(rows_in(x), -1).float().contiguous()
 
 
 class PanelLinear(QuantLinear):
@@ -187,7 +191,7 @@ class PanelLinear(QuantLinear):
         for a prefill where ``prefill_bf16`` the bf16 one (``bf16_product``), in bf16: x and the
         output never go through fp32 there (at 512 rows that round trip and a copy of each block's
         output added ~5 ms to a 1B gate/up's 13)."""
-        rows = x.numel() // max(1, x.shape[-1])
+        rows = rows_in(x)
         if self.prefill_bf16 and rows >= BF16_ROWS and self.ways > 1 and self.dequant_bits:
             return self.bf16_product(x.reshape(rows, -1).to(torch.bfloat16))
         return self.product(rows_of(x))

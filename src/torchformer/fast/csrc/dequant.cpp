@@ -36,8 +36,7 @@ bool ready() {
 #pragma GCC push_options
 #pragma GCC target("avx512vbmi,avx512bf16")
 template <int BITS, class S>
-void group_t(const uint8_t* p, int64_t w, int64_t K, int64_t G,
-                                                             uint16_t* out, int64_t ldo) {
+void group_t(const uint8_t* p, int64_t w, int64_t K, int64_t G, uint16_t* out, int64_t ldo) {
   constexpr int64_t KL = BITS == 4 ? 8 : 4;
   alignas(64) static const uint8_t order[64] = {
 #define O(i) 0 + i, 4 + i, 8 + i, 12 + i, 16 + i, 20 + i, 24 + i, 28 + i, 32 + i, 36 + i, 40 + i, 44 + i, 48 + i, \
@@ -91,11 +90,9 @@ void group_t(const uint8_t* p, int64_t w, int64_t K, int64_t G,
 #endif
 
 template <int BITS, class S>
-void run(const uint8_t* panels, int64_t P, int64_t K, int64_t G, int64_t ways, int64_t p0, int64_t p1,
-         uint16_t* out, int64_t ldo) {
+void run(const uint8_t* panels, int64_t stream, int64_t P, int64_t K, int64_t G, int64_t ways, int64_t p0,
+         int64_t p1, uint16_t* out, int64_t ldo) {
 #if defined(__AVX512F__)
-  constexpr int64_t KL = BITS == 4 ? 8 : 4;
-  const int64_t stream = K / KL * LINE + K / G * LANES * static_cast<int64_t>(sizeof(S));
   at::parallel_for(p0 / ways, (p1 + ways - 1) / ways, 1, [&](int64_t b, int64_t e) {
     for (int64_t g = b; g < e; ++g) {
       const int64_t w = std::min<int64_t>(ways, P - g * ways);
@@ -134,10 +131,11 @@ void dequant_t(torch::Tensor& out, const torch::Tensor& panels, const torch::Ten
   auto* o = reinterpret_cast<uint16_t*>(out.data_ptr());
   const auto* p = panels.data_ptr<uint8_t>();
   const int64_t ldo = out.size(1);
+  const auto go = [&](auto f) { f(p, stream, P, k, group, ways, p0, p1, o, ldo); };  // each panel's bytes: `stream`
   if (bits == 4)
-    half ? run<4, uint16_t>(p, P, k, group, ways, p0, p1, o, ldo) : run<4, float>(p, P, k, group, ways, p0, p1, o, ldo);
+    half ? go(run<4, uint16_t>) : go(run<4, float>);
   else
-    half ? run<8, uint16_t>(p, P, k, group, ways, p0, p1, o, ldo) : run<8, float>(p, P, k, group, ways, p0, p1, o, ldo);
+    half ? go(run<8, uint16_t>) : go(run<8, float>);
 }
 
 bool dequant_ready() { return ready(); }
