@@ -137,6 +137,11 @@ def test_decode_kernel_reads_a_bf16_cache_as_it_is(kernel, B, H, K, E, S, n, ter
     assert routed.dtype == torch.bfloat16
     want_b = kernel.decode_attention(qb.float(), k, v, term, n, 0.3).bfloat16()  # checked against SDPA above
     torch.testing.assert_close(routed, want_b, rtol=0, atol=0)
+    if term is not None:  # a bf16 term (a bf16 model's mask), a strided view: widened as it is read
+        tb = torch.zeros(B, H, 1, S + 3, dtype=torch.bfloat16)[..., 2 : S + 2].copy_(term)
+        routed = attention.prefix_attention(qb, k, v, tb, torch.tensor(n), 0.3)
+        want_t = kernel.decode_attention(qb.float(), k, v, tb.float(), n, 0.3).bfloat16()
+        torch.testing.assert_close(routed, want_t, rtol=0, atol=0)
 
 
 def test_a_bf16_cache_the_kernel_cannot_take_goes_to_sdpa(kernel):

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("kernels.cpp", "bf16.cpp", "quantized.cpp", "dequant.cpp")]
-INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h"]  # included by the sources: part of the build's key
+# included by the sources: part of the build's key
+INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h", CSRC / "guided.h"]
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
 # One build per instruction set (csrc/wide.h: 16 lanes as one zmm or two ymm registers).
 # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: the width of at::vec.

@@ -208,7 +208,7 @@ def masked_argmax(logits, constraints: list[Constraint], rows: list[int]):
     leave greedy logits unchanged). The caller's logits, which logprobs read, are not touched."""
     import torch
 
-    from .topk import argmax
+    from ..generation.topk import argmax
 
     picked = logits[rows].float()  # (m, V), a copy
     bitmask = torch.cat([c.bitmask for c in constraints])  # (m, W)

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .topk import top_k
+from ..generation.topk import top_k
 
 
 class TokenLogprob(NamedTuple):
@@ -25,7 +25,7 @@ class TokenLogprob(NamedTuple):
 
 def score(logits: Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
     """logits (N, V) predicting ``tokens`` (N ids) -> each token's logprob and the top ``k``: one
-    log_softmax, top-k read in blocks (topk.py: 2-6x torch's own on the CPU) and one host read of
+    log_softmax, top-k read in blocks (generation/topk.py: 2-6x torch's own on the CPU) and one host read of
     every value (the engine thread pays this each step)."""
     lp = logits.float().log_softmax(-1)  # (N, V)
     picked = lp.gather(-1, torch.tensor(tokens, device=lp.device)[:, None])  # (N, 1)

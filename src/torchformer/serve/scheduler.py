@@ -11,13 +11,13 @@ import time
 
 import torch
 
+from ..generation.topk import argmax
 from .grammar import masked_argmax
 from .groups import first_tokens
 from .jobs import Job, Prompt
 from .logprobs import step_logprobs
 from .protocol import APIError, shutting_down
 from .rows import copy_row, prefill_batches, prefill_rows, row_bucket, row_buckets, rows_view, span
-from .topk import argmax
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class Scheduler:
             return
         if length < self.cache.max_len:  # the idle rows' dummy keys went to slot ``length`` (prefix.py)
             self.held.written([r for r, j in enumerate(rows) if j is None], length)
-        tokens = argmax(logits)  # (n,): the choice of every greedy row (topk.py: torch's argmax, faster)
+        tokens = argmax(logits)  # (n,): the choice of every greedy row (generation/topk.py: torch's argmax, faster)
         failed = set()
         masked = [j for j in jobs if j.masked_greedy]
         if masked:  # greedy under a grammar: all such rows in one masked argmax

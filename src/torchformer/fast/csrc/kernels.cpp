@@ -461,16 +461,43 @@ TORCH_LIBRARY_FRAGMENT(torchformer, m) {
 }
 TORCH_LIBRARY_IMPL(torchformer, CPU, m) { m.impl("panel_linear", &panel_linear); }
 
-// The op's entry (fast/attention.py): a bf16 query or term (a bf16 model's) is widened here and the
-// result comes back in the query's dtype, so the Python kernel around it does no conversions of its
-// own (each cost a dispatch from Python: ~1.5 us of a ~10 us call at the toy shape).
+namespace {
+// t (B, A, 1, S) bf16, any strides: its first n of S widened into a contiguous fp32 (B, A, 1, n) by a
+// plain loop (an at::to of the 1B model's (1, 1, 1, 257) mask took ~15 us a layer, dispatch and a
+// strided copy, against the ~30 us the attention itself takes).
+torch::Tensor widened(const torch::Tensor& t, int64_t n) {
+  const int64_t B = t.size(0), A = t.size(1);
+  auto out = torch::empty({B, A, 1, n}, t.options().dtype(at::kFloat));
+  const auto* src = t.data_ptr<at::BFloat16>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t a = 0; a < A; ++a)
+      for (int64_t j = 0; j < n; ++j)
+        *dst++ = static_cast<float>(src[b * t.stride(0) + a * t.stride(1) + j * t.stride(3)]);
+  return out;
+}
+}  // namespace
+
+// The op's entry (fast/attention.py): a bf16 query or term (a bf16 model's) is widened here by plain
+// loops (widened) and the result comes back in the query's dtype, so neither the Python kernel
+// around it nor a compiled step's host code pays a dispatched conversion for them.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                const c10::optional<torch::Tensor>& term, int64_t n, double scale) {
   const bool has_term = term.has_value() && term->defined();
   c10::optional<torch::Tensor> term32;
-  if (has_term) term32 = term->scalar_type() == at::kFloat ? *term : term->to(at::kFloat);
+  if (has_term) {
+    const bool bf16 = term->scalar_type() == at::kBFloat16 && term->dim() == 4 && term->size(2) == 1;
+    term32 = term->scalar_type() == at::kFloat ? *term : bf16 ? widened(*term, n) : term->to(at::kFloat);
+  }
   if (q.scalar_type() == at::kFloat) return decode_fp32(q, k, v, term32, n, scale);
-  return decode_fp32(q.to(at::kFloat), k, v, term32, n, scale).to(q.scalar_type());
+  if (q.scalar_type() != at::kBFloat16 || q.size(2) != 1)
+    return decode_fp32(q.to(at::kFloat), k, v, term32, n, scale).to(q.scalar_type());
+  auto out = decode_fp32(widened(q, q.size(3)), k, v, term32, n, scale);  // q (B, H, 1, E)
+  auto narrow = torch::empty(out.sizes(), out.options().dtype(at::kBFloat16));  // out is contiguous
+  const float* src = out.data_ptr<float>();
+  auto* dst = narrow.data_ptr<at::BFloat16>();
+  for (int64_t i = 0, total = out.numel(); i < total; ++i) dst[i] = static_cast<at::BFloat16>(src[i]);
+  return narrow;
 }
 
 // torchformer::prefix_sdpa's CPU kernel (nn/backends.py) in C++: fast/attention.py's Python one
@@ -492,7 +519,8 @@ bool decodes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
 
 torch::Tensor prefix_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const c10::optional<torch::Tensor>& term, const torch::Tensor& live, double scale) {
-  const int64_t n = live.item<int64_t>();
+  // the live length, read in place where it is a CPU int64 (an item() is a dispatch, ~3 us a layer)
+  const int64_t n = live.scalar_type() == at::kLong && live.numel() == 1 ? *live.data_ptr<int64_t>() : live.item<int64_t>();
   if (decodes(q, k, v, term)) return decode_attention(q, k, v, term, n, scale);
   // nn/backends.py sdpa_prefix: SDPA over the first n slots, the term cut to them
   c10::optional<torch::Tensor> cut;

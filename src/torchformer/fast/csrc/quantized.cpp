@@ -78,6 +78,7 @@
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "guided.h"
 #include "wide.h"
 
 #include <algorithm>

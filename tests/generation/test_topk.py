@@ -1,4 +1,4 @@
-"""serve/topk.py: the blocked top-k and argmax equal torch's own (values always; indices where the
+"""generation/topk.py: the blocked top-k and argmax equal torch's own (values always; indices where the
 row has no ties, whose order topk leaves open; argmax's first index always), for vocabularies
 with and without a partial last block, a maximum in that tail, ties across blocks, masked
 (-inf) logits, and rows that are a view of a larger tensor."""
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchformer.serve.topk import BLOCK, MIN_SIZE, argmax, blocks, top_k
+from torchformer.generation import sampling
+from torchformer.generation.topk import BLOCK, MIN_SIZE, argmax, blocks, top_k
 
 
 def cases(v: int):
@@ -64,3 +65,13 @@ def test_small_inputs_use_torchs_own():
     wide = torch.randn(16, 40 * BLOCK)
     assert blocks(wide) is not None  # top-k of more than a quarter of the blocks: torch's own
     assert torch.equal(top_k(wide, 20)[0], wide.topk(20, dim=-1).values)
+
+
+@pytest.mark.parametrize("v", [8192, 128256])
+def test_the_greedy_choice_is_torchs_argmax_over_any_leading_dims(v):
+    """generation/sampling.py ``argmax`` (generate's and the speculative check's greedy choice) reads
+    the rows in blocks, over (B, V) and (B, T, V) alike: torch's first index, ties and -inf included."""
+    for name, x in cases(v).items():
+        assert torch.equal(sampling.argmax(x), x.argmax(-1)), name
+        x3 = x.reshape(2, 4, v)
+        assert torch.equal(sampling.argmax(x3), x3.argmax(-1)), name
