@@ -90,8 +90,6 @@ def argmax(logits: Tensor) -> Tensor:
     """Greedy choice: (..., V) -> (...), the first index of each row's maximum, read in blocks
     (topk.py: torch's argmax compares one logit at a time; over the 1B shape's 128256 fp32 logits
     it took ~185 us a row here, ~0.6% of an int4 decode step)."""
-    if logits.dim() == 2:
-        return blocked_argmax(logits)
     return blocked_argmax(logits.reshape(-1, logits.shape[-1])).reshape(logits.shape[:-1])
 
 

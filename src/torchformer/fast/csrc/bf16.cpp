@@ -302,6 +302,13 @@ const Fn* rows_table() {
 #pragma GCC pop_options
 #endif
 
+// body(b, e) over chunks of contiguous weight rows [b, e) of N (each one stream), 16 rows at least,
+// taken as threads come free (guided.h).
+template <class F>
+void row_chunks(int64_t N, const F& body) {
+  guided_for((N + 15) / 16, [&](int64_t b16, int64_t e16) { body(b16 * 16, std::min(N, e16 * 16)); });
+}
+
 // Whether this CPU has `vdpbf16ps` and this build the kernel for it.
 bool has_units() {
 #if defined(__AVX512F__)
@@ -329,10 +336,7 @@ torch::Tensor bf16_linear(const torch::Tensor& x, const torch::Tensor& w) {
   float* o = out.data_ptr<float>();
   // Weight rows per block: ~16 KB, re-read from L2 by each later group of 8 rows of x.
   const int64_t block = R > 8 ? std::max<int64_t>(1, BLOCK_BYTES / (2 * K)) : N;
-  // Chunks of contiguous weight rows (each one stream), 16 rows at least, taken as threads come
-  // free (guided.h).
-  guided_for((N + 15) / 16, 1, [&](int64_t b16, int64_t e16) {
-    const int64_t b = b16 * 16, e = std::min(N, e16 * 16);
+  row_chunks(N, [&](int64_t b, int64_t e) {
 #if !defined(__AVX512F__)
     if (R >= TILE_FROM) return tiled_rows(xs, R, Kp, K, wp, b, e, o, N);
 #endif
@@ -359,12 +363,11 @@ torch::Tensor bf16_dot(const torch::Tensor& x, const torch::Tensor& w) {
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   float* o = out.data_ptr<float>();
-  // Chunks of contiguous weight rows (one stream each), as bf16_linear's.
+  // Chunks of contiguous weight rows (row_chunks), as bf16_linear's.
   // More than MAX_ROWS rows: blocks of ~16 KB of weight rows, re-read from L2 by the later groups.
   const int64_t block = R > units::MAX_ROWS ? std::max<int64_t>(1, BLOCK_BYTES / (2 * std::max<int64_t>(1, K))) : N;
   const units::Fn* table = units::rows_table();
-  guided_for((N + 15) / 16, 1, [&](int64_t b16, int64_t e16) {
-    const int64_t b = b16 * 16, e = std::min(N, e16 * 16);
+  row_chunks(N, [&](int64_t b, int64_t e) {
     for (int64_t n0 = b; n0 < e; n0 += block) {
       const int64_t n1 = std::min(e, n0 + block);
       for (int64_t m = 0; m < R; m += units::MAX_ROWS) {

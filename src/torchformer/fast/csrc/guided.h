@@ -5,7 +5,7 @@
 // end of every call: a profile (perf, 2 threads) of the 1B shape's compiled int4 decode on an Intel
 // Xeon with AMX found the calling thread 19% of its time in libgomp's spin loop and 36% in the
 // products, against the other thread's 42%; with these chunks 2% and 41% against 41%. Each chunk is
-// as many whole units as a 2T-th of what is left (T threads), at least `least`, so the last ones are
+// as many whole units as a 2T-th of what is left (T threads), at least one, so the last ones are
 // small; the split changes no sum (every unit is computed whole by one thread).
 #pragma once
 
@@ -17,9 +17,8 @@
 
 // body(b, e) over the units [0, n), each chunk [b, e) by one thread.
 template <class F>
-void guided_for(int64_t n, int64_t least, const F& body) {
-  least = std::max<int64_t>(1, least);
-  const int64_t T = std::min<int64_t>(at::get_num_threads(), n / least);
+void guided_for(int64_t n, const F& body) {
+  const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
   if (T <= 1 || at::in_parallel_region()) return body(0, n);
   std::atomic<int64_t> next{0};
   at::parallel_for(0, T, 1, [&](int64_t, int64_t) {
@@ -27,7 +26,7 @@ void guided_for(int64_t n, int64_t least, const F& body) {
       int64_t b = next.load(std::memory_order_relaxed), c = 0;
       do {
         if (b >= n) return;
-        c = std::max(least, (n - b) / (2 * T));
+        c = std::max<int64_t>(1, (n - b) / (2 * T));
       } while (!next.compare_exchange_weak(b, b + c, std::memory_order_relaxed));
       body(b, std::min(n, b + c));
     }

@@ -520,7 +520,8 @@ bool decodes(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor
 torch::Tensor prefix_sdpa(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                           const c10::optional<torch::Tensor>& term, const torch::Tensor& live, double scale) {
   // the live length, read in place where it is a CPU int64 (an item() is a dispatch, ~3 us a layer)
-  const int64_t n = live.scalar_type() == at::kLong && live.numel() == 1 ? *live.data_ptr<int64_t>() : live.item<int64_t>();
+  const bool plain = live.scalar_type() == at::kLong && live.numel() == 1;
+  const int64_t n = plain ? *live.data_ptr<int64_t>() : live.item<int64_t>();
   if (decodes(q, k, v, term)) return decode_attention(q, k, v, term, n, scale);
   // nn/backends.py sdpa_prefix: SDPA over the first n slots, the term cut to them
   c10::optional<torch::Tensor> cut;
