@@ -140,3 +140,26 @@ def test_warming_inductor_compiles_a_step_with_each_host_code(monkeypatch):
 
     monkeypatch.setattr(compiled, "compile_step", compile_step)
     assert compiled.warm_inductor() >= 0 and kinds == [True, False]
+
+
+def test_a_finished_build_is_imported_again_without_torchs_loader(monkeypatch):
+    """Once a build and import succeeded its folder holds a stamp of the library, and the next
+    process imports the library directly (no setuptools, no ninja run); a stamp that does not
+    match the library (relinked since, or a build that died) sends it back to torch's loader."""
+    import torch.utils.cpp_extension as ext
+
+    from tests.fast.built import built_kernels
+
+    built_kernels()
+    folder = native.build_folder(native.build_root())
+    assert (folder / native.STAMP).read_text() == native.signature(folder / f"{native.NAME}.so")
+
+    def no_loader(*args, **kwargs):
+        raise AssertionError("torch's loader ran for a finished build")
+
+    monkeypatch.setattr(ext, "load", no_loader)
+    module = native.built(folder)
+    assert module is not None and callable(module.decode_attention)
+    monkeypatch.setattr(native, "signature", lambda library: "another library")
+    assert native.built(folder) is None
+    assert native.built(folder.with_name(folder.name + "-never-built")) is None

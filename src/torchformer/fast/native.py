@@ -12,7 +12,8 @@
 Built once per machine (~35-75 s on 2 cores, one log line before it starts) into torch's
 extensions cache (``TORCH_EXTENSIONS_DIR`` if set), in a folder named by a hash of the source,
 flags, torch version, source folder and environment, so checkouts and venvs never rebuild each
-other's copy.
+other's copy. A finished build leaves a stamp of its library, and later processes import that
+library directly (``built``), without torch's loader.
 The build always runs the ``ninja`` of the ``ninja`` package when it is installed, whatever PATH
 says: ninja 1.11 and 1.13 hash the same command differently in ``.ninja_log``, so a process that
 found /usr/bin/ninja (1.11) and one that found the venv's (1.13) each rebuilt the other's build,
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import logging
 import os
 import sys
@@ -43,6 +45,7 @@ SOURCES = [CSRC / name for name in ("kernels.cpp", "bf16.cpp", "quantized.cpp", 
 # included by the sources: part of the build's key
 INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h", CSRC / "guided.h"]
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
+STAMP = "finished"  # written beside the library once a build and import succeeded (``built``)
 # One build per instruction set (csrc/wide.h: 16 lanes as one zmm or two ymm registers).
 # -fopenmp: at::parallel_for runs on torch's threads; CPU_CAPABILITY: the width of at::vec.
 FLAGS = {
@@ -85,21 +88,49 @@ def kernels():
     if not enabled() or isa() is None:
         return None
     try:
-        from torch.utils.cpp_extension import load
-
         folder = build_folder(build_root())
-        with build_lock(folder), one_ninja():
-            if not (folder / f"{NAME}.so").exists():
-                log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
-            module = load(
-                name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=flags(), build_directory=str(folder)
-            )
+        module = built(folder) or build(folder)
         fake = torch.library.register_fake("torchformer::panel_linear")
         fake(lambda x, w, panels, version: x.new_empty((x.shape[0], w.shape[0])))
         return module
     except Exception as err:  # noqa: BLE001 - no compiler, no ninja, ...: the library paths still work
         log.warning("torchformer: the CPU kernels could not be built (%s); using oneDNN and SDPA instead", err)
         return None
+
+
+def build(folder: Path):
+    """Build (or let ninja find up to date) and import the extension in ``folder``; then stamp it."""
+    from torch.utils.cpp_extension import load
+
+    with build_lock(folder), one_ninja():
+        if not (folder / f"{NAME}.so").exists():
+            log.warning("torchformer: building the CPU kernels once (~35-75 s) in %s", folder)
+        module = load(name=NAME, sources=[str(s) for s in SOURCES], extra_cflags=flags(), build_directory=str(folder))
+        (folder / STAMP).write_text(signature(folder / f"{NAME}.so"))
+    return module
+
+
+def built(folder: Path):
+    """The extension ``build`` finished in ``folder`` before (its stamp matches the library), imported
+    without torch's loader: the folder's name already hashes everything the build reads, and the
+    loader imports setuptools (~100 modules, 4 MiB resident) and runs ninja on every first use.
+    None where there is nothing finished to import."""
+    library = folder / f"{NAME}.so"
+    try:
+        if (folder / STAMP).read_text() != signature(library):
+            return None
+    except OSError:
+        return None
+    spec = importlib.util.spec_from_file_location(NAME, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def signature(library: Path) -> str:
+    """What a finished build's stamp holds: the library's size and modification time."""
+    info = library.stat()
+    return f"{info.st_size} {info.st_mtime_ns}"
 
 
 def enabled() -> bool:
