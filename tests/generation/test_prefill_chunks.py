@@ -92,3 +92,41 @@ def test_length_following_rope_runs_a_prompt_past_its_original_length_whole(scal
         calls.clear()
         prefilled(model, ids[:, -8:], mask[:, -8:], 3, monkeypatch)  # within the original length: chunked
         assert calls == [1] * 8
+
+
+def test_quantized_twins_on_amx_take_wider_chunks_than_16_bit_models(monkeypatch):
+    """A prompt's chunk is PREFILL_ROWS rows, and PANEL_CHUNKS times that for a model whose quantized
+    twins multiply prefills in bf16 (made W^T once a chunk); a bf16 or fp32 model keeps the narrow
+    chunk, which bounds its activations (steps.py: the bf16 peak memory)."""
+    from tests.fast.built import built_kernels
+    from torchformer.fast.formats import prepare
+    from torchformer.fast.quant_panels import PanelLinear
+
+    built_kernels()
+    torch.manual_seed(0)
+    model = tfm.build_model(grid.config(DECODERS[0])).eval()
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(steps, "PREFILL_ROWS", {"cpu": 5})
+    assert steps.chunk_rows(model, cpu) == 5
+    assert steps.chunk_rows(model.to(torch.bfloat16), cpu) == 5
+    quantized = tfm.quantize(tfm.build_model(grid.config(DECODERS[0])).eval(), "int8")
+    prepare(quantized)
+    twins = [m for m in quantized.modules() if isinstance(m, PanelLinear)]
+    assert twins, "int8 projections become panel twins where the kernels are built"
+    for wide, rows in ((False, 5), (True, 5 * steps.PANEL_CHUNKS)):
+        for m in twins:
+            monkeypatch.setattr(m, "prefill_bf16", wide)
+        assert steps.chunk_rows(quantized, cpu) == rows
+    assert steps.chunk_rows(quantized, torch.device("meta")) == steps.PREFILL_ROWS_ELSEWHERE
+
+
+def test_a_cpu_prefill_gives_the_heaps_free_pages_back_once(monkeypatch):
+    """After the prompt's forward (whose activations are then freed) the heap's free pages go back
+    to the system once per prefill, before the decode loop (steps.py ``prefill``)."""
+    torch.manual_seed(0)
+    model = tfm.build_model(grid.config(DECODERS[0])).eval()
+    trims = []
+    monkeypatch.setattr(steps, "trim", lambda: trims.append(1) or True)
+    ids = torch.randint(1, model.config.vocab_size, (2, 9))
+    out = tfm.generate(model, ids, max_new_tokens=3)
+    assert trims == [1] and out.shape == (2, 12)

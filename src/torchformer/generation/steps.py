@@ -69,19 +69,21 @@ def cache_length(needed: int, max_seq_len: int, bucketed: bool) -> int:
 # in 256-row chunks. Other devices' products want more rows at once (their chunk is larger).
 PREFILL_ROWS = {"cpu": 256}
 PREFILL_ROWS_ELSEWHERE = 4096
-# Quantized twins that multiply a prefill in bf16 on AMX tiles (fast/quant_panels.py
-# ``prefill_bf16``) make each W^T once a chunk, so they take PANEL_CHUNKS chunks' rows at once.
-# Measured on the 1B shape (an AMX Xeon, 2 threads, one process, a 512-token prompt's compiled first
-# token, chunk sizes alternated, three rounds, ms, 256 / 512 rows; 2026-12-07): int8 1431 1419 /
-# 1296 1260, int4 1406 1425 / 1212 1190; bf16 1048 1025 / 982 991, but the 512-row chunk's
-# activations (its MLP's gate and up outputs: 16 MiB) put the bf16 worker's peak RSS past the
-# 300 MB over weights + KV cache that issue 25 allows (1B engines run, 8 x 64 then 1 x 512 tokens
-# after a 1 x 64 call, three rounds in one process, MiB beyond the weights and KV cache, with the
-# trim below: 512 rows 266 / 273 / 282, 256 rows 258 / 263 / 264): a bf16 model keeps 256.
+# On a CPU with AMX tiles a model with quantized twins (fast/quant_panels.py ``prefill_bf16``) takes
+# PANEL_CHUNKS chunks' rows at once: the int8 / int4 twins multiply a prefill in bf16 there, making
+# each W^T once a chunk (the others, GGUF K-quant twins, were measured at 512 rows too). Measured on
+# the 1B shape (an AMX Xeon, 2 threads, one process, a 512-token prompt's compiled first token,
+# chunk sizes alternated, three rounds, ms, 256 / 512 rows; 2026-12-07): int8 1431 1419 / 1296 1260,
+# int4 1406 1425 / 1212 1190; bf16 1048 1025 / 982 991, but the 512-row chunk's activations (its
+# MLP's gate and up outputs: 16 MiB) put the bf16 worker's peak RSS past the 300 MB over weights +
+# KV cache that issue 25 allows (the engines benchmark's bf16 worker replayed: 1 x 64 tokens + 48, 8
+# x 64 + 48, the first token of 1 x 512, three rounds in one process; peak RSS beyond the weights
+# and the KV cache, MiB, with the trim in ``prefill``: 512 rows 269 / 273 / 282, 256 rows 259 / 263
+# / 264; 2026-12-07): bf16 (and fp32) models take 256.
 PANEL_CHUNKS = 2
 
 
-def prefill_rows(model, device: torch.device) -> int:
+def chunk_rows(model, device: torch.device) -> int:
     """Rows one prompt forward of ``model`` runs at a time on ``device`` (the comments above)."""
     rows = PREFILL_ROWS.get(device.type, PREFILL_ROWS_ELSEWHERE)
     wide = device.type == "cpu" and any(isinstance(m, PanelLinear) and m.prefill_bf16 for m in model.modules())
@@ -90,13 +92,13 @@ def prefill_rows(model, device: torch.device) -> int:
 
 def prompt_hidden(model, ids: Tensor, pos: Tensor, mask: Tensor | None, cache: KVCache) -> Tensor:
     """model.hidden over a prompt (B, T), writing every token's keys and values into ``cache``, in
-    chunks of at most ``prefill_rows`` rows (at least one position each). -> the last position's (B, D).
+    chunks of at most ``chunk_rows`` rows (at least one position each). -> the last position's (B, D).
 
     A RoPE table that picks its frequencies by the forward's length (dynamic NTK, LongRoPE: their
     ``relative_up_to``, the original length) rotates a prompt longer than that by the whole
     prompt's rule, as transformers does: such a prompt runs whole."""
     B, T = ids.shape
-    step = max(1, prefill_rows(model, ids.device) // B)
+    step = max(1, chunk_rows(model, ids.device) // B)
     limit = one_rule_length(model) if step < T else None  # the model is walked only for a prompt to cut
     if limit is not None and limit < T:
         step = T
@@ -134,10 +136,10 @@ def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool =
     if ids.is_cpu:
         # The prompt's activations are freed, but glibc keeps their pages in the heap's free lists
         # (holes below live blocks are never given back), resident through the decode loop, which
-        # needs few: given back here. Measured (the 1B shape in bf16, issue 25's engines worker: a
-        # 1 x 64 prompt + 48 tokens, 8 x 64 + 48, the first token of 1 x 512, three rounds in one
-        # process; peak RSS beyond the weights and KV cache, MiB): 288 / 297 / 297 without, 266 /
-        # 273 / 282 with; the next prompt's first touch of those pages costs no measurable time.
+        # needs few: given back here. Measured (the 1B shape in bf16, 512-row chunks, the replay of
+        # PANEL_CHUNKS' comment; MiB by round): 284 / 297 / 297 without, 269 / 273 / 282 with; the
+        # next prompt's first touch of those pages cost no time beyond the noise (512-token prompt
+        # 0.96-1.05 s either way).
         trim()
     return Prefilled(logits, cache, pos[:, -1:] + 1, ids)
 
