@@ -4,8 +4,11 @@ Over the seven projections of 4 layers of the Llama-3.2-1B shape (d 2048, d_ff 8
 of 64: 243M weights), at 1, 8 and 64 rows (batch-1 and batch-8 decoding, a prefill chunk):
 bf16 (``Bf16Linear``: the kernel below 48 rows, widened slices and MKL above) against
 ``F.linear`` on bf16; int8 panels against ``torch._weight_int8pack_mm`` (torch's int8 weight-only
-kernel, which is vectorised only for bf16 activations); int4 panels (group 64) against
-``torch._weight_int4pack_mm_for_cpu``; fp32 ``F.linear`` (MKL) as the yardstick. Systems are
+kernel, which is vectorised only for bf16 activations) and against ``torch._int_mm`` over x
+quantized to int8 per row (the product of torchao's ``Int8DynamicActivationInt8WeightConfig``, which
+oneDNN runs on VNNI / AMX-INT8; the rounding of x and the rescale counted in); int4 panels (group
+64) against ``torch._weight_int4pack_mm_for_cpu`` (what torchao's ``Int4CPULayout`` calls); fp32
+``F.linear`` (MKL) as the yardstick. Systems are
 interleaved round by round and the best round kept; GB/s counts the bytes each format stores
 (int4: half a byte plus its fp32 scale per 64 weights).
 """
@@ -52,12 +55,17 @@ def systems(rows: int) -> dict[str, tuple[object, float]]:
         for q in q4
     ]
     int4_bytes = 0.5 + 4 / GROUP
+    int8_t = [(q.qweight.t().contiguous(), q.scale.float()) for q in q8]  # (K, N) int8 for _int_mm, (N,) scales
     return {
         "fp32 F.linear (MKL)": (lambda: [F.linear(x[m.in_features], m.weight) for m in lins], 4),
         "bf16 F.linear": (lambda: [F.linear(xb[m.in_features], m.weight) for m in bf16], 2),
         "bf16 torchformer": (lambda: [m(xb[m.in_features]) for m in bf16], 2),
         "int8 torch int8pack (bf16 x)": (
             lambda: [torch._weight_int8pack_mm(xb[q.in_features], q.qweight, q.scale.bfloat16()) for q in q8],
+            1,
+        ),
+        "int8 torch _int_mm (int8 x per row)": (
+            lambda: [dynamic_int8(x[w.shape[0]], w, scale) for w, scale in int8_t],
             1,
         ),
         "int8 torchformer panels": (lambda: [m(x[m.in_features]) for m in p8], 1),
@@ -67,6 +75,14 @@ def systems(rows: int) -> dict[str, tuple[object, float]]:
         ),
         "int4 torchformer panels": (lambda: [m(x[m.in_features]) for m in p4], int4_bytes),
     }
+
+
+def dynamic_int8(x: torch.Tensor, w_t: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """x (rows, K) fp32 @ W^T through ``torch._int_mm``: x rounded to int8 per row (absmax / 127),
+    the int32 product rescaled by both scales -> (rows, N) fp32."""
+    x_scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 127  # (rows, 1)
+    xq = torch.round(x / x_scale).clamp(-127, 127).to(torch.int8)
+    return torch._int_mm(xq, w_t).float() * x_scale * w_scale
 
 
 def measure(rows: int, rounds: int) -> dict[str, tuple[float, float]]:
@@ -84,6 +100,8 @@ def measure(rows: int, rounds: int) -> dict[str, tuple[float, float]]:
 
 PEERS = {"bf16 torchformer": "bf16 F.linear", "int8 torchformer panels": "int8 torch int8pack (bf16 x)",
          "int4 torchformer panels": "int4 torch int4pack (bf16 x)"}  # fmt: skip
+# A second peer, its ratio in the table's last column beside the first's.
+SECOND = {"int8 torchformer panels": "int8 torch _int_mm (int8 x per row)"}
 
 
 def table(results: dict[int, dict[str, tuple[float, float]]]) -> str:
@@ -94,8 +112,8 @@ def table(results: dict[int, dict[str, tuple[float, float]]]) -> str:
     ]
     for r, found in results.items():
         for name, (sec, per) in found.items():
-            peer = PEERS.get(name)
-            ratio = f"{found[peer][0] / sec:.2f}x" if peer else ""
+            peers = [found[n][0] for n in (PEERS.get(name), SECOND.get(name)) if n in found]
+            ratio = " / ".join(f"{t / sec:.2f}x" for t in peers)
             rows.append(
                 f"| {r} | {name} | {sec * 1e3:.1f} | {weights * per / sec / 1e9:.1f} | "
                 f"{2 * r * weights / sec / 1e9:.1f} | {ratio} |"

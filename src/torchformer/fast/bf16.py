@@ -24,7 +24,13 @@ WIDEN_ROWS, WIDEN_SLICE = 48, 256
 # 30.7, 2: 18.7 vs 24.7, 4: 24.7 vs 33.4, 5: 37.2 vs 26.9, 8: 55.6-58.9 vs 30.9-32.9, 64: 214 vs 92,
 # 256: 711 vs 296. Without those units torch converts at every call: never taken. Decided once.
 BF16_UNITS = cpu_bf16_units()
-UNIT_ROWS = 5
+# With AMX tiles oneDNN's product overtakes every other from AMX_ROWS rows: measured over 4 layers of
+# the 1B shape (benchmarks.formats, 2 threads, the Intel Xeon of RESULTS.md, best of 5-7, ms, the
+# vdpbf16ps kernel below / F.linear; 2026-12-07): 1 row 20.2 / 27.1, 2: 20.3 / 25.5, 3: 25.9 / 25.7,
+# 4: 29.0 / 26.9, 8: 32.8 / 27.2, 12: 44.4 / 28.1. There both thresholds below are AMX_ROWS.
+AMX = torch.cpu._is_amx_tile_supported()
+AMX_ROWS = 4
+UNIT_ROWS = AMX_ROWS if AMX else 5
 # Where the CPU has AVX512-BF16 itself, bf16 activations of fewer than DOT_ROWS rows take the
 # kernel's `vdpbf16ps` product instead (csrc/bf16.cpp ``bf16_dot``: x as it comes, one instruction
 # per 64-byte weight line and row), ahead of both. Measured over the 1B shape's 113 matrices (2
@@ -33,7 +39,7 @@ UNIT_ROWS = 5
 # / 203, 16: 224 / 505 / 223; one row against a plain streaming read of the same bytes: 34.0 GB/s
 # against bf16_linear's 32.2 (the read 35.9). AMX without AVX512-BF16 (and so any AVX2 CPU): not taken.
 DOT_UNITS = torch.cpu._is_avx512_bf16_supported()
-DOT_ROWS = 16
+DOT_ROWS = AMX_ROWS if AMX else 16
 
 
 def widened_product(x2: Tensor, w: Tensor) -> Tensor:
