@@ -98,10 +98,10 @@ def measure(rows: int, rounds: int) -> dict[str, tuple[float, float]]:
     return {name: (best[name], found[name][1]) for name in found}
 
 
-PEERS = {"bf16 torchformer": "bf16 F.linear", "int8 torchformer panels": "int8 torch int8pack (bf16 x)",
-         "int4 torchformer panels": "int4 torch int4pack (bf16 x)"}  # fmt: skip
-# A second peer, its ratio in the table's last column beside the first's.
-SECOND = {"int8 torchformer panels": "int8 torch _int_mm (int8 x per row)"}
+# Each of ours against torch's kernels, its ratios in the table's last column in this order.
+PEERS = {"bf16 torchformer": ("bf16 F.linear",),
+         "int8 torchformer panels": ("int8 torch int8pack (bf16 x)", "int8 torch _int_mm (int8 x per row)"),
+         "int4 torchformer panels": ("int4 torch int4pack (bf16 x)",)}  # fmt: skip
 
 
 def table(results: dict[int, dict[str, tuple[float, float]]]) -> str:
@@ -112,7 +112,7 @@ def table(results: dict[int, dict[str, tuple[float, float]]]) -> str:
     ]
     for r, found in results.items():
         for name, (sec, per) in found.items():
-            peers = [found[n][0] for n in (PEERS.get(name), SECOND.get(name)) if n in found]
+            peers = [found[n][0] for n in PEERS.get(name, ()) if n in found]
             ratio = " / ".join(f"{t / sec:.2f}x" for t in peers)
             rows.append(
                 f"| {r} | {name} | {sec * 1e3:.1f} | {weights * per / sec / 1e9:.1f} | "

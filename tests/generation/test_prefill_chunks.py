@@ -122,7 +122,7 @@ def test_quantized_twins_on_amx_take_wider_chunks_than_16_bit_models(monkeypatch
 
 def test_a_cpu_prefill_gives_the_heaps_free_pages_back_once(monkeypatch):
     """After the prompt's forward (whose activations are then freed) the heap's free pages go back
-    to the system once per prefill, before the decode loop (steps.py ``prefill``)."""
+    to the system once per prefill, before the decode loop (steps.py ``prompt_hidden``)."""
     torch.manual_seed(0)
     model = tfm.build_model(grid.config(DECODERS[0])).eval()
     trims = []

@@ -78,15 +78,18 @@ PREFILL_ROWS_ELSEWHERE = 4096
 # MLP's gate and up outputs: 16 MiB) put the bf16 worker's peak RSS past the 300 MB over weights +
 # KV cache that issue 25 allows (the engines benchmark's bf16 worker replayed: 1 x 64 tokens + 48, 8
 # x 64 + 48, the first token of 1 x 512, three rounds in one process; peak RSS beyond the weights
-# and the KV cache, MiB, with the trim in ``prefill``: 512 rows 269 / 273 / 282, 256 rows 259 / 263
+# and the KV cache, MiB, with the trim in ``prompt_hidden``: 512 rows 269 / 273 / 282, 256 rows 259 / 263
 # / 264; 2026-12-07): bf16 (and fp32) models take 256.
 PANEL_CHUNKS = 2
 
 
-def chunk_rows(model, device: torch.device) -> int:
-    """Rows one prompt forward of ``model`` runs at a time on ``device`` (the comments above)."""
+def chunk_rows(model, device: torch.device, needed: int | None = None) -> int:
+    """Rows one prompt forward of ``model`` runs at a time on ``device`` (the comments above). The
+    model is walked only where ``needed`` rows (the prompt's, None: any) exceed the narrow chunk."""
     rows = PREFILL_ROWS.get(device.type, PREFILL_ROWS_ELSEWHERE)
-    wide = device.type == "cpu" and any(isinstance(m, PanelLinear) and m.prefill_bf16 for m in model.modules())
+    if device.type != "cpu" or (needed is not None and needed <= rows):
+        return rows
+    wide = any(isinstance(m, PanelLinear) and m.prefill_bf16 for m in model.modules())
     return rows * PANEL_CHUNKS if wide else rows
 
 
@@ -98,13 +101,21 @@ def prompt_hidden(model, ids: Tensor, pos: Tensor, mask: Tensor | None, cache: K
     ``relative_up_to``, the original length) rotates a prompt longer than that by the whole
     prompt's rule, as transformers does: such a prompt runs whole."""
     B, T = ids.shape
-    step = max(1, chunk_rows(model, ids.device) // B)
+    step = max(1, chunk_rows(model, ids.device, B * T) // B)
     limit = one_rule_length(model) if step < T else None  # the model is walked only for a prompt to cut
     if limit is not None and limit < T:
         step = T
     for start in range(0, T, step):
         part = slice(start, start + step)
         out = model.hidden(ids[:, part], pos[:, part], None if mask is None else mask[:, part], cache)
+    if ids.is_cpu:
+        # The prompt's activations are freed, but glibc keeps their pages in the heap's free lists
+        # (holes below live blocks are never given back), resident through the decode loop, which
+        # needs few: given back here. Measured (the 1B shape in bf16, 512-row chunks, the replay of
+        # PANEL_CHUNKS' comment; MiB by round): 284 / 297 / 297 without, 269 / 273 / 282 with; the
+        # next prompt's first touch of those pages cost no time beyond the noise (512-token prompt
+        # 0.96-1.05 s either way).
+        trim()
     return out[:, -1]
 
 
@@ -133,14 +144,6 @@ def prefill(model, req: Request, batch_size: int | None = None, bucketed: bool =
         pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
     # The head only for the last position: (B, V), not (B, T, V) logits nobody reads.
     logits = model.lm_head(prompt_hidden(model, ids, pos, mask, cache))
-    if ids.is_cpu:
-        # The prompt's activations are freed, but glibc keeps their pages in the heap's free lists
-        # (holes below live blocks are never given back), resident through the decode loop, which
-        # needs few: given back here. Measured (the 1B shape in bf16, 512-row chunks, the replay of
-        # PANEL_CHUNKS' comment; MiB by round): 284 / 297 / 297 without, 269 / 273 / 282 with; the
-        # next prompt's first touch of those pages cost no time beyond the noise (512-token prompt
-        # 0.96-1.05 s either way).
-        trim()
     return Prefilled(logits, cache, pos[:, -1:] + 1, ids)
 
 
