@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ..fast import native_step
 from ..fast.scope import packed
 from .request import Request, make_generator, make_request, sampling_options, speculative_k
 from .sampling import Sampling, choose, process, processed
@@ -59,7 +60,13 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
     # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
     with packed(model, req.input_ids.shape[0]):
         logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
-        step = loop_step(model, req.seq2seq, compiled)
+        step = loop_step(model, req.seq2seq, compiled, prefix.shape[0])
+        if s.greedy and not s.needs_history and native_step.takes(step, cache):
+            # The native step's own loop (fast/native_step.py): each greedy token comes with its
+            # logits from one call, no torch op between two steps; one row, so an EOS ends it.
+            stop = set() if req.eos is None else set(req.eos.tolist())
+            yield from step.greedy(logits.float(), pos, req.max_new_tokens, stop)
+            return
         history = None
         if s.needs_history:
             mask = None if req.seq2seq else req.attention_mask

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..fast import exported
+from ..fast import exported, native_step
 from ..fast.compiled import compile_step, cpp_host, cpp_wrapper_setting
 from ..fast.quant_panels import PanelLinear
 from ..host_memory import trim
@@ -172,12 +172,17 @@ def check_compile_settings(compiled: bool) -> None:
         cpp_wrapper_setting()
 
 
-def loop_step(model, seq2seq: bool, compiled: bool):
-    """The step one decode loop calls: eager, or compiled. A decoder on the CPU (fast/exported.py
-    ``ahead``) runs it compiled ahead by AOTInductor, with dynamo's step (``steady``) where that
-    cannot be exported; encoder-decoders and other devices take dynamo's."""
+def loop_step(model, seq2seq: bool, compiled: bool, rows: int | None = None):
+    """The step one decode loop calls: eager, or compiled. A compiled batch-1 step of a
+    Llama-shaped bf16 decoder on the CPU is one native call (fast/native_step.py, ``rows`` 1); a
+    decoder on the CPU (fast/exported.py ``ahead``) otherwise runs it compiled ahead by AOTInductor,
+    with dynamo's step (``steady``) where that cannot be exported; encoder-decoders and other
+    devices take dynamo's."""
     if compiled and not seq2seq and exported.ahead(model):
-        return exported.loop(decoder_step, lambda: steady(step_function(False, True, model=model), True))
+        compiled_ahead = lambda: exported.loop(  # noqa: E731 - built only where it runs
+            decoder_step, lambda: steady(step_function(False, True, model=model), True)
+        )
+        return native_step.plan(model, rows, compiled_ahead) or compiled_ahead()
     return steady(step_function(seq2seq, compiled, model=model), compiled)
 
 

@@ -380,6 +380,21 @@ torch::Tensor bf16_dot(const torch::Tensor& x, const torch::Tensor& w) {
   return out;
 }
 
+// One row x (K bf16) times w (N, K) bf16 -> out (N fp32) on the bf16 units: bf16_dot's row without
+// its tensors (csrc/step.cpp; in a team the threads share the weight's rows). Needs has_bf16_units().
+void bf16_row(const uint16_t* x, const torch::Tensor& w, float* out) {
+#if defined(__AVX512F__)
+  const int64_t N = w.size(0), K = w.size(1);
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  const units::Fn one = units::rows_table()[0];
+  row_chunks(N, [&](int64_t b, int64_t e) { one(x, K, wp, b, e, out, N); });
+#else
+  (void)x, (void)w, (void)out;
+#endif
+}
+
+bool has_bf16_units() { return has_units(); }
+
 TORCH_LIBRARY_FRAGMENT(torchformer, m) {
   m.def("bf16_linear(Tensor x, Tensor w) -> Tensor");
   m.def("bf16_dot(Tensor x, Tensor w) -> Tensor");

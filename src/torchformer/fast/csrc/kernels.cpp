@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <immintrin.h>
+#include "team.h"
 #include "wide.h"
 
 #include <algorithm>
@@ -342,16 +343,35 @@ template <class T>
 void attend_all(const Args<T>& args, int64_t B) {
   const AttendFn<T> fn = ATTEND<T>[(args.E + 15) / 16];
   const int64_t npad = (args.n + 15) / 16 * 16;
-  at::parallel_for(0, B * args.K, 1, [&](int64_t begin, int64_t end) {
+  auto tasks = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(args.G * npad), mxbuf(args.G * 16);
     Ahead<T> ahead{args.kp, args.vp, args.ks0, args.ks1, args.ks2, args.vs0, args.vs1, args.vs2,
                    args.K, args.n, args.E, args.Ev, begin, end};
     ahead.open();
     ahead.advance(AHEAD_LINES * 64);
     for (int64_t task = begin; task < end; ++task) fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
-  });
+  };
+  if (!team_chunks(B * args.K, tasks)) at::parallel_for(0, B * args.K, 1, tasks);
 }
 }  // namespace
+
+// One decode query of H heads (H, E) fp32 over the first n keys of one row's cache k, v (1, K, S, E),
+// bf16 or fp32, E <= 128 -> out (H, E) fp32: decode_attention's register path without its tensors
+// (step.cpp; in a team the heads' tasks are shared).
+void attend_row(const float* q, int64_t H, const torch::Tensor& k, const torch::Tensor& v, int64_t n, float scale,
+                float* out) {
+  const int64_t K = k.size(1), E = k.size(3);
+  if (k.scalar_type() == at::kBFloat16) {
+    const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());
+    const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr());
+    attend_all<uint16_t>({q, kp, vp, nullptr, out, H * E, E, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
+                          v.stride(1), v.stride(2), 0, 0, 0, H, K, H / K, E, E, n, scale}, 1);
+  } else {
+    attend_all<float>({q, k.data_ptr<float>(), v.data_ptr<float>(), nullptr, out, H * E, E, k.stride(0), k.stride(1),
+                       k.stride(2), v.stride(0), v.stride(1), v.stride(2), 0, 0, 0, H, K, H / K, E, E, n, scale},
+                      1);
+  }
+}
 
 static torch::Tensor decode_fp32(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                  const c10::optional<torch::Tensor>& term, int64_t n, double scale) {
@@ -545,9 +565,12 @@ void register_prefix_sdpa(bool on) {
 
 // The two kernels run without the GIL: a server's event loop thread goes on while the engine
 // thread computes (both only read their tensor arguments, which the caller keeps alive).
+void bind_step(pybind11::module& m);  // step.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   m.def("panel_mm", &panel_mm, "few-row x W^T over 16-row weight panels", nogil());
   m.def("decode_attention", &decode_attention, "one query per row over the first n cached keys", nogil());
   m.def("register_prefix_sdpa", &register_prefix_sdpa, "torchformer::prefix_sdpa's CPU kernel in C++: on or off");
+  bind_step(m);
 }

@@ -364,7 +364,38 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
   return out;
 }
 
+// One row of panel_row: x rounded into `work` as `product` rounds it, then the format's pass.
+template <class F, class FV>
+void one_row(const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G, int64_t ways,
+             const float* x, float* o, uint8_t* work) {
+  const int64_t B = act_block(K, G), at_q = 2 * ((K / B * 4 + 63) / 64 * 64);
+  float* xs = reinterpret_cast<float*>(work);
+  int32_t* bias = reinterpret_cast<int32_t*>(work + at_q / 2);
+  int8_t* q = reinterpret_cast<int8_t*>(work + at_q);
+  quantize_row(x, K, B, F::offset(vnni()), q, xs, bias, nullptr);
+  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(), nullptr, nullptr, nullptr, K, G, K};
+  const Acts a{q, xs, bias, nullptr, nullptr, K, B};
+  if (scale.scalar_type() == at::kHalf)
+    dispatch<F, FV, uint16_t>(wt, a, 1, N, o, ways);
+  else
+    dispatch<F, FV, float>(wt, a, 1, N, o, ways);
+}
+
 }  // namespace
+
+// The bytes of `work` panel_row takes for K inputs: the row's block scales and biases, then q.
+int64_t panel_row_work(int64_t K) { return 2 * ((K * 4 + 63) / 64 * 64) + K; }
+
+// One row x (K fp32) through int8 (bits 8) or int4 (bits 4) panels with one-level fp32 or f16 scales
+// (interleaved where ways > 1) -> out (N fp32), bit for bit int8_mm's / int4_mm's row; work: a
+// 64-aligned panel_row_work(K) bytes of the caller's (csrc/step.cpp: one per thread; in a team the
+// threads share the panels).
+void panel_row(int64_t bits, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G,
+               int64_t ways, const float* x, float* out, uint8_t* work) {
+  if (bits == 8)
+    return one_row<plain::Int8, with_vnni::Int8>(wp, scale, N, K, G, ways, x, out, work);
+  one_row<plain::Int4, with_vnni::Int4>(wp, scale, N, K, G, ways, x, out, work);
+}
 
 // x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16, or int8
 // sub-scales under super_scale (P, K / super_group, 16) f16 -> (R, N) fp32. ways: WAYS where the panels

@@ -1,0 +1,319 @@
+// A whole batch-1 decode step of a Llama-shaped decoder in one parallel region (fast/native_step.py
+// says which models are Llama-shaped and hands their tensors over once): the token's embedding row,
+// per layer RMSNorm -> the joint q/k/v product -> RoPE (rotate-half) -> the cache write -> attention
+// over the live prefix -> o -> residual -> RMSNorm -> the joint gate/up product -> silu(g) * u ->
+// down -> residual, then the final norm, the head and the logits.
+//
+// Why: at the toy shape a compiled batch-1 step of int4 panels took ~0.5 ms, of which its 25
+// products, called back to back, took 0.30 (perf and a dispatcher loop, the Intel Xeon of
+// fast-paths.md): a parallel region per product and per attention, each product's allocations and
+// rounding of x, the graph's glue kernels and the dispatcher between them. Here the threads of one
+// region (team.h) run every step of the forward: the products and the attention share their work
+// through the kernels' own chunking (guided.h), each ending at the team's barrier; everything
+// between them (norms, RoPE, residuals, the MLP's product) is a few thousand values, computed by
+// every thread alike on its own copy (no barrier, no second reader), so one region and ~6 barriers
+// a layer replace ~8 regions, ~9 allocations and ~10 calls through the dispatcher.
+//
+// Numerics: the model's own rounding points, in its dtype (bf16 here): every value the eager forward
+// holds in bf16 is rounded to bf16 at the same place (the norms' outputs and their weights' products,
+// each projection's outputs, q and k after RoPE, the attention's output, silu(g) and its product with
+// u, both residual sums, the logits); the arithmetic between them is fp32 as torch's, the sums in
+// another order. The products are the kernels' own (bf16_row, panel_row), bit for bit.
+//
+// Legend: D hidden, H query heads, KH key/value heads, E head size, F the MLP's width, V vocabulary,
+// S the cache's slots.
+
+#include <torch/extension.h>
+#include <ATen/cpu/vec/vec.h>
+#include <omp.h>
+
+#include "team.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+void panel_row(int64_t bits, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G,
+               int64_t ways, const float* x, float* out, uint8_t* work);
+int64_t panel_row_work(int64_t K);
+void bf16_row(const uint16_t* x, const torch::Tensor& w, float* out);
+bool has_bf16_units();
+void attend_row(const float* q, int64_t H, const torch::Tensor& k, const torch::Tensor& v, int64_t n, float scale,
+                float* out);
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+
+// x rounded to bf16 (to nearest, ties to even), as an fp32: plain integer steps, which the compiler
+// vectorizes in the loops below (c10::BFloat16's conversion is a call per value). A NaN whose payload
+// lies in the low 16 bits only would round to an infinity here; none arises in a finite forward.
+inline float bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline uint16_t bf16_bits(float rounded) {  // the top half of an already rounded value
+  uint32_t u;
+  std::memcpy(&u, &rounded, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// One projection: a bf16 weight (N, K) (bits 16), or int8 / int4 panels (bits 8 / 4) with their scale
+// tensor, group and ways; an fp32 bias of N or none.
+struct Proj {
+  int64_t bits, N, K, G, ways;
+  torch::Tensor w, scale, bias;
+};
+
+struct Layer {
+  torch::Tensor attn_norm, mlp_norm;  // (D) bf16
+  float attn_eps, mlp_eps;
+  Proj qkv, o, gate_up, down;
+};
+
+// One thread's own buffers: the hidden state and what it derives from it alike on every thread.
+struct Own {
+  std::vector<float> h, x, y, q;  // (D), (max K), (q/k/v outputs), (H * E)
+  std::vector<uint16_t> xb;       // (max K): x as bf16 for bf16_row
+  std::vector<uint8_t> work;      // panel_row's rounded x, 64-aligned
+  uint8_t* aligned = nullptr;
+};
+
+class DecoderStep {
+ public:
+  // tensors: embed (V, D) bf16, final norm (D), then per projection (w, scale, bias), per layer
+  // (attn_norm, mlp_norm, qkv, o, gate_up, down), and the head last; an empty tensor stands for none.
+  // ints: D, H, KH, E, F, V, L, then (bits, N, K, G, ways) per projection in the same order.
+  // floats: the attention's scale, the final norm's eps, then (attn eps, mlp eps) per layer.
+  DecoderStep(std::vector<torch::Tensor> tensors, std::vector<int64_t> ints, std::vector<double> floats) {
+    TORCH_CHECK(ints.size() >= 7 && floats.size() >= 2, "DecoderStep: too few arguments");
+    D = ints[0], H = ints[1], KH = ints[2], E = ints[3], F = ints[4], V = ints[5];
+    const int64_t L = ints[6];
+    TORCH_CHECK(ints.size() == static_cast<size_t>(7 + 5 * (4 * L + 1)) && floats.size() == static_cast<size_t>(2 + 2 * L) &&
+                    tensors.size() == static_cast<size_t>(2 + 3 * (4 * L + 1) + 2 * L),
+                "DecoderStep: the argument lists do not match ", L, " layers");
+    TORCH_CHECK(E <= 128 && H % KH == 0 && E % 2 == 0, "DecoderStep: heads of at most 128 features, H a multiple of KH");
+    scale = static_cast<float>(floats[0]), final_eps = static_cast<float>(floats[1]);
+    size_t t = 0, i = 7;
+    embed = tensors[t++], final_norm = tensors[t++];
+    auto proj = [&]() {
+      Proj p{ints[i], ints[i + 1], ints[i + 2], ints[i + 3], ints[i + 4], tensors[t], tensors[t + 1], tensors[t + 2]};
+      i += 5, t += 3;
+      TORCH_CHECK(p.bits == 16 ? (p.w.scalar_type() == at::kBFloat16 && p.w.size(0) == p.N && p.w.size(1) == p.K)
+                               : (p.bits == 8 || p.bits == 4) && p.w.scalar_type() == at::kByte,
+                  "DecoderStep: a projection must be a bf16 (N, K) weight or int8 / int4 panels");
+      TORCH_CHECK(p.bits != 16 || has_bf16_units(), "DecoderStep: bf16 weights need AVX512-BF16");
+      // panels one after another would go to at::parallel_for, which a team cannot share
+      TORCH_CHECK(p.bits == 16 || p.ways > 1, "DecoderStep: panels must be interleaved (ways > 1)");
+      TORCH_CHECK(p.bias.numel() == 0 || (p.bias.scalar_type() == at::kFloat && p.bias.numel() == p.N),
+                  "DecoderStep: a bias must be fp32 of N");
+      widest = std::max(widest, p.K);
+      return p;
+    };
+    for (int64_t l = 0; l < L; ++l) {
+      Layer layer;
+      layer.attn_norm = tensors[t++], layer.mlp_norm = tensors[t++];
+      layer.attn_eps = static_cast<float>(floats[2 + 2 * l]), layer.mlp_eps = static_cast<float>(floats[3 + 2 * l]);
+      layer.qkv = proj(), layer.o = proj(), layer.gate_up = proj(), layer.down = proj();
+      TORCH_CHECK(layer.qkv.N == (H + 2 * KH) * E && layer.qkv.K == D && layer.o.N == D && layer.o.K == H * E &&
+                      layer.gate_up.N == 2 * F && layer.gate_up.K == D && layer.down.N == D && layer.down.K == F,
+                  "DecoderStep: layer ", l, "'s projections do not match its shape");
+      layers.push_back(std::move(layer));
+    }
+    head = proj();
+    TORCH_CHECK(head.N == V && head.K == D, "DecoderStep: the head must be (V, D)");
+    team = std::make_unique<Team>(5 * L + 1);
+    qkv.resize((H + 2 * KH) * E), attn.resize(H * E), o.resize(D), gu.resize(2 * F), down.resize(D), logits.resize(V);
+  }
+
+  // The cache this step writes and reads: per layer k, v (1, KH, S, E) in the model's dtype, and the
+  // RoPE table cos, sin (S, E / 2) fp32 of positions 0..S-1.
+  void set_cache(std::vector<torch::Tensor> kv, torch::Tensor cos_table, torch::Tensor sin_table) {
+    TORCH_CHECK(kv.size() == 2 * layers.size(), "DecoderStep: one k and one v per layer");
+    for (auto& c : kv)
+      TORCH_CHECK(c.dim() == 4 && c.size(0) == 1 && c.size(1) == KH && c.size(3) == E && c.stride(3) == 1 &&
+                      c.scalar_type() == at::kBFloat16,
+                  "DecoderStep: a cache must be bf16 (1, KH, S, E) with unit stride on E");
+    TORCH_CHECK(cos_table.scalar_type() == at::kFloat && cos_table.is_contiguous() && cos_table.size(1) == E / 2 &&
+                    sin_table.sizes() == cos_table.sizes() && sin_table.is_contiguous(),
+                "DecoderStep: the RoPE tables must be contiguous fp32 (S, E / 2)");
+    caches = std::move(kv), cos = std::move(cos_table), sin = std::move(sin_table);
+  }
+
+  // The logits (1, V) of `token` at `pos` (bf16 values, held in fp32) and their argmax (the first
+  // index of the maximum, as torch's) as a (1,) int64 tensor and as a number; the token's key and
+  // value written at slot pos. The tensor is made here, where torch.tensor([i]) in the caller's loop
+  // cost ~15 us a token at the toy shape (the step had evicted what it touches).
+  std::tuple<torch::Tensor, torch::Tensor, int64_t> run(int64_t token, int64_t pos) {
+    TORCH_CHECK(!caches.empty(), "DecoderStep: set_cache first");
+    TORCH_CHECK(token >= 0 && token < V, "DecoderStep: token ", token, " is outside the vocabulary of ", V);
+    TORCH_CHECK(pos >= 0 && pos < caches[0].size(2) && pos < cos.size(0), "DecoderStep: position ", pos,
+                " is outside the cache of ", caches[0].size(2), " slots");
+    const int T = std::max(1, at::get_num_threads());
+    if (static_cast<int>(own.size()) < T) own.resize(T);
+    auto out = torch::empty({1, V}, torch::kFloat);
+    float* po = out.data_ptr<float>();
+    // The team is the region's threads as OpenMP gives them (fewer than asked where it must).
+#pragma omp parallel num_threads(T)
+    {
+#pragma omp single
+      team->reset(omp_get_num_threads());  // the single's barrier: reset before any member starts
+      Member m{team.get(), omp_get_thread_num()};
+      member = &m;
+      forward(own[m.id], token, pos);
+      if (m.id == 0) values(head, logits.data(), 0, V, po);
+      member = nullptr;
+    }
+    int64_t best = 0;
+    Vec top(po[0]);
+    int64_t n = 0;
+    for (; n + Vec::size() <= V; n += Vec::size()) top = at::vec::maximum(top, Vec::loadu(po + n));
+    float lanes[Vec::size()], mx = po[0];
+    top.store(lanes);
+    for (float v : lanes) mx = std::max(mx, v);
+    for (; n < V; ++n) mx = std::max(mx, po[n]);
+    while (best < V && po[best] != mx) ++best;  // the first index of the maximum
+    if (best == V)  // a NaN maximum (no value equals it): torch's argmax takes the first NaN
+      for (best = 0; best < V - 1 && !std::isnan(po[best]);) ++best;
+    auto chosen = torch::empty({1}, torch::kLong);
+    chosen.data_ptr<int64_t>()[0] = best;
+    return {out, chosen, best};
+  }
+
+ private:
+  int64_t D, H, KH, E, F, V, widest = 0;
+  float scale, final_eps;
+  torch::Tensor embed, final_norm, cos, sin;
+  std::vector<Layer> layers;
+  Proj head;
+  std::vector<torch::Tensor> caches;
+  std::unique_ptr<Team> team;
+  std::vector<Own> own;
+  std::vector<float> qkv, attn, o, gu, down, logits;  // the products' outputs, shared by the team
+
+  // x = RMSNorm(h) as nn/norms.py's RMSNorm in bf16: (h * rsqrt(mean(h^2) + eps)) rounded, times w, rounded.
+  void norm(const float* h, const torch::Tensor& w, float eps, float* x) const {
+    Vec acc(0.f);
+    int64_t d = 0;
+    for (; d + Vec::size() <= D; d += Vec::size()) {
+      const Vec v = Vec::loadu(h + d);
+      acc = at::vec::fmadd(v, v, acc);
+    }
+    float lanes[Vec::size()], ss = 0.f;
+    acc.store(lanes);
+    for (float v : lanes) ss += v;
+    for (; d < D; ++d) ss += h[d] * h[d];
+    const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
+    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+    for (d = 0; d < D; ++d) x[d] = bf16(bf16(h[d] * r) * widen(wp[d]));
+  }
+
+  // out = x W^T, the team's barrier at its end.
+  void project(Own& me, const Proj& p, const float* x, float* out) const {
+    if (p.bits == 16) {
+      for (int64_t k = 0; k < p.K; ++k) me.xb[k] = bf16_bits(x[k]);  // x is rounded already
+      bf16_row(me.xb.data(), p.w, out);
+    } else {
+      panel_row(p.bits, p.w, p.scale, p.N, p.K, p.G, p.ways, x, out, me.aligned);
+    }
+  }
+  // A product's output n in the model's dtype, with its bias (nn: the projection's output tensor).
+  float value(const Proj& p, const float* out, int64_t n) const {
+    return bf16(p.bias.numel() ? out[n] + p.bias.data_ptr<float>()[n] : out[n]);
+  }
+  // dst[0, n) = value(p, out, n0 + i) for i < n.
+  void values(const Proj& p, const float* out, int64_t n0, int64_t n, float* dst) const {
+    if (p.bias.numel()) {
+      const float* b = p.bias.data_ptr<float>() + n0;
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16(out[n0 + i] + b[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = bf16(out[n0 + i]);
+    }
+  }
+  // h = h + value(p, out) rounded: a residual sum.
+  void add(const Proj& p, const float* out, Own& me) const {
+    values(p, out, 0, D, me.y.data());
+    for (int64_t d = 0; d < D; ++d) me.h[d] = bf16(me.h[d] + me.y[d]);
+  }
+
+  void forward(Own& me, int64_t token, int64_t pos) {
+    if (me.h.empty()) {
+      me.h.resize(D), me.x.resize(widest), me.y.resize(std::max<int64_t>((H + 2 * KH) * E, 2 * F)), me.q.resize(H * E);
+      me.xb.resize(widest);
+      me.work.resize(panel_row_work(widest) + 64);
+      me.aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(me.work.data()) + 63) / 64 * 64);
+    }
+    const auto* row = reinterpret_cast<const uint16_t*>(embed.data_ptr()) + token * D;
+    for (int64_t d = 0; d < D; ++d) me.h[d] = widen(row[d]);
+    const int64_t half = E / 2;
+    const float* c = cos.data_ptr<float>() + pos * half;
+    const float* s = sin.data_ptr<float>() + pos * half;
+    // rotate-half RoPE (nn/positions.py rotate_half) of one head's E values, rounded after
+    auto rotate = [&](const float* x, float* dst) {
+      for (int64_t j = 0; j < half; ++j) {
+        dst[j] = bf16(x[j] * c[j] - x[half + j] * s[j]);
+        dst[half + j] = bf16(x[half + j] * c[j] + x[j] * s[j]);
+      }
+    };
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const Layer& L = layers[l];
+      norm(me.h.data(), L.attn_norm, L.attn_eps, me.x.data());
+      project(me, L.qkv, me.x.data(), qkv.data());
+      float* y = me.y.data();  // q, k, v as the model holds them
+      values(L.qkv, qkv.data(), 0, (H + 2 * KH) * E, y);
+      for (int64_t h = 0; h < H; ++h) rotate(y + h * E, me.q.data() + h * E);
+      if (member->id == 0) {  // this position's keys (rotated) and values into the cache, by one thread
+        const torch::Tensor &kc = caches[2 * l], &vc = caches[2 * l + 1];
+        auto* kp = reinterpret_cast<uint16_t*>(kc.data_ptr());
+        auto* vp = reinterpret_cast<uint16_t*>(vc.data_ptr());
+        float kr[128];
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          rotate(y + (H + kh) * E, kr);
+          uint16_t* kd = kp + kh * kc.stride(1) + pos * kc.stride(2);
+          uint16_t* vd = vp + kh * vc.stride(1) + pos * vc.stride(2);
+          const float* v = y + (H + KH + kh) * E;
+          for (int64_t e = 0; e < E; ++e) kd[e] = bf16_bits(kr[e]), vd[e] = bf16_bits(v[e]);
+        }
+      }
+      team->wait();  // the key and value at pos written before any head reads them
+      attend_row(me.q.data(), H, caches[2 * l], caches[2 * l + 1], pos + 1, scale, attn.data());
+      for (int64_t n = 0; n < H * E; ++n) me.x[n] = bf16(attn[n]);
+      project(me, L.o, me.x.data(), o.data());
+      add(L.o, o.data(), me);
+      norm(me.h.data(), L.mlp_norm, L.mlp_eps, me.x.data());
+      project(me, L.gate_up, me.x.data(), gu.data());
+      values(L.gate_up, gu.data(), 0, 2 * F, y);
+      int64_t f = 0;
+      for (; f + Vec::size() <= F; f += Vec::size()) {  // silu(g), rounded, times u, rounded
+        const Vec g = Vec::loadu(y + f);
+        (g / (Vec(1.f) + g.neg().exp())).store(me.x.data() + f);
+      }
+      for (; f < F; ++f) me.x[f] = y[f] / (1.f + std::exp(-y[f]));
+      for (f = 0; f < F; ++f) me.x[f] = bf16(bf16(me.x[f]) * y[F + f]);
+      project(me, L.down, me.x.data(), down.data());
+      add(L.down, down.data(), me);
+    }
+    norm(me.h.data(), final_norm, final_eps, me.x.data());
+    project(me, head, me.x.data(), logits.data());
+  }
+};
+
+}  // namespace
+
+void bind_step(pybind11::module& m) {
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
+  pybind11::class_<DecoderStep>(m, "DecoderStep")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<double>>())
+      .def("set_cache", &DecoderStep::set_cache)
+      .def("run", &DecoderStep::run, nogil());
+}

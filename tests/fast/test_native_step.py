@@ -1,0 +1,163 @@
+"""The native batch-1 decode step (fast/native_step.py, csrc/step.cpp): over a grid of Llama-shaped
+bf16 decoders (bf16 / int8 / int4 weights x MHA / GQA / MQA x q/k/v biases x tied or untied heads x
+plain or scaled RoPE), a compiled greedy generate takes the native step and gives the eager
+generate's tokens and logits; models it does not compute (QK-norm, Gemma's norm, post-norm, an fp32
+model, two rows) keep the compiled graph; TORCHFORMER_NATIVE_STEP=0 turns it off, a bad value is a
+clear error; a cache it cannot take sends the loop to the compiled step."""
+
+import pytest
+import torch
+
+import torchformer as tfm
+from torchformer.configs import YaRN
+from torchformer.fast import formats, native_step
+from torchformer.fast.bf16 import DOT_UNITS
+from torchformer.fast.scope import packed
+from torchformer.generation.generate import decode
+from torchformer.generation.request import make_request, sampling_options
+
+pytestmark = pytest.mark.skipif(
+    not formats.ops_ready(), reason="the CPU kernels are not built here (no AVX-512 or no compiler)"
+)
+
+GREEDY = sampling_options(0.0, None, None, None, 1.0, 0)
+# Widths of whole interleaved panel groups (4 x 16 rows) for every member: q 256, k/v 64-256, gate 512.
+D, HEADS, VOCAB = 256, 4, 512
+
+
+def model_for(fmt: str, kv_heads: int = 2, bias: bool = False, tied: bool = False, scaled: bool = False, **changes):
+    rope = tfm.RoPE(pairing="half", scaling=YaRN(factor=4.0, original_max_seq_len=16) if scaled else None)
+    cfg = tfm.ModelConfig(
+        arch="decoder", vocab_size=VOCAB, d_model=D, n_layers=2, max_seq_len=96, positions=rope,
+        attention=tfm.AttentionConfig(n_heads=HEADS, n_kv_heads=kv_heads, bias=bias),
+        block=tfm.BlockConfig(norm="rmsnorm", mlp="swiglu", d_ff=512), tie_embeddings=tied,
+    ).replace(**changes)  # fmt: skip
+    torch.manual_seed(0)
+    model = tfm.build_model(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight")):
+                p.normal_(std=0.3)  # attention that matters (tests/grid.py ``build``)
+            elif name.endswith("bias"):
+                p.normal_(std=0.1)
+    model = model.to(torch.bfloat16)
+    if fmt != "bf16":
+        tfm.quantize(model, fmt, group_size=64 if fmt == "int4" else None)
+    return model
+
+
+def run(model, compiled: bool, rows: int = 1):
+    ids = torch.randint(1, VOCAB, (rows, 9), generator=torch.Generator().manual_seed(2))
+    req = make_request(model, ids, max_new_tokens=24, attention_mask=None, eos_token_id=None)
+    pairs = list(decode(model, req, GREEDY, None, compiled))
+    return torch.stack([t for t, _ in pairs], 1), torch.stack([lg for _, lg in pairs], 1)
+
+
+def planned(model, rows: int = 1):
+    with packed(model, rows):
+        return native_step.plan(model, rows, lambda: None)
+
+
+GRID = [
+    ("bf16", 2, False, True, False),
+    ("bf16", 4, True, False, True),
+    ("int8", 1, True, True, False),
+    ("int8", 2, False, False, True),
+    ("int4", 4, False, True, True),
+    ("int4", 2, True, False, False),
+    ("int4", 1, False, False, False),
+]
+
+
+@pytest.mark.parametrize("fmt,kv_heads,bias,tied,scaled", GRID)
+def test_the_native_step_decodes_as_the_eager_model(fmt, kv_heads, bias, tied, scaled):
+    if fmt == "bf16" and not DOT_UNITS:
+        pytest.skip("bf16 weights take the native step only with AVX512-BF16")
+    model = model_for(fmt, kv_heads, bias, tied, scaled)
+    assert planned(model) is not None  # the compiled run below is the native one
+    tok, logits = run(model, True)
+    eager_tok, eager_logits = run(model, False)
+    assert torch.equal(tok, eager_tok)
+    # the model's rounding points and kernels; the norms' sums in another order: within bf16's ulp
+    torch.testing.assert_close(logits, eager_logits, rtol=2**-7, atol=2**-7 * eager_logits.abs().amax().item())
+    assert (logits == eager_logits).float().mean() > 0.99
+
+
+@pytest.mark.parametrize(
+    "why,fmt,changes",
+    [
+        ("qk-norm", "int4", dict(attention=tfm.AttentionConfig(n_heads=HEADS, n_kv_heads=2, qk_norm="head"))),
+        ("gemma norm", "int8", dict(block=tfm.BlockConfig(norm="rmsnorm_1p", mlp="swiglu", d_ff=512))),
+        (
+            "post-norm",
+            "int4",
+            dict(block=tfm.BlockConfig(norm="rmsnorm", norm_placement="post", mlp="swiglu", d_ff=512)),
+        ),
+        ("gelu mlp", "int8", dict(block=tfm.BlockConfig(norm="rmsnorm", mlp="gelu", d_ff=512))),
+    ],
+)
+def test_models_it_does_not_compute_keep_the_compiled_step(why, fmt, changes):
+    assert planned(model_for(fmt, **changes)) is None, why
+
+
+def test_an_fp32_model_and_two_rows_keep_the_compiled_step():
+    assert planned(model_for("int4").float()) is None
+    assert planned(model_for("int4"), rows=2) is None
+
+
+def test_the_environment_turns_it_off_and_a_bad_value_is_an_error(monkeypatch):
+    model = model_for("int4")
+    monkeypatch.setenv("TORCHFORMER_NATIVE_STEP", "0")
+    assert planned(model) is None
+    monkeypatch.setenv("TORCHFORMER_NATIVE_STEP", "yes")
+    with pytest.raises(ValueError, match="TORCHFORMER_NATIVE_STEP must be 0 or 1, got 'yes'"):
+        planned(model)
+
+
+def test_a_cache_it_cannot_take_sends_the_loop_to_the_compiled_step(monkeypatch):
+    model = model_for("int4")
+    calls = []
+
+    def refuse(self, cache):
+        calls.append(cache)
+        return False
+
+    monkeypatch.setattr(native_step.NativeStep, "bind", refuse)
+    tok, logits = run(model, True)
+    monkeypatch.setenv("TORCHFORMER_NATIVE_STEP", "0")
+    compiled_tok, compiled_logits = run(model, True)  # the compiled graph's own step
+    assert calls and torch.equal(tok, compiled_tok) and torch.equal(logits, compiled_logits)
+
+
+def test_bad_positions_and_tokens_are_refused_before_any_work():
+    model = model_for("int4")
+    with packed(model, 1):
+        step = native_step.plan(model, 1, lambda: None)
+        cache = model.new_cache(1, 8)
+        assert step.bind(cache)
+        with pytest.raises(RuntimeError, match="position 9 is outside the cache of 9 slots"):
+            step.step.run(3, 9)
+        with pytest.raises(RuntimeError, match=f"token {VOCAB} is outside the vocabulary of {VOCAB}"):
+            step.step.run(VOCAB, 0)
+
+
+def test_an_eos_ends_the_native_loop_as_it_ends_the_eager_one():
+    model = model_for("int4")
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    eager = tfm.generate(model, ids, max_new_tokens=24)
+    eos = int(eager[0, 9 + 5])  # the sixth new token
+    expected = tfm.generate(model, ids, max_new_tokens=24, eos_token_id=eos)
+    assert expected.shape[1] < eager.shape[1]
+    assert torch.equal(tfm.generate(model, ids, max_new_tokens=24, eos_token_id=eos, compile=True), expected)
+
+
+def test_sampling_runs_the_native_step_through_the_loop(monkeypatch):
+    """Not greedy: the loop samples from the native step's logits (the same as eager's here)."""
+    model = model_for("int8")
+    calls = []
+    run_step = native_step.NativeStep.__call__
+    monkeypatch.setattr(native_step.NativeStep, "__call__", lambda *a: calls.append(1) or run_step(*a))
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    kw = dict(max_new_tokens=16, temperature=0.8, top_k=50, seed=7)
+    sampled = tfm.generate(model, ids, compile=True, **kw)
+    assert len(calls) == 15 and torch.equal(sampled, tfm.generate(model, ids, **kw))
