@@ -6,7 +6,8 @@ on a user's first run; "warm": a second process on that same folder (a step comp
 fast/exported.py, is loaded from the step cache; dynamo's step, TORCHFORMER_AOT_STEP=0, hits the
 FX graph and AOT autograd caches on disk and dynamo still traces).
 The timed call is the first ``tfm.generate(model, prompt, max_new_tokens, compile=True)`` after
-loading (prefill is eager, the decode step compiled); loading is not timed. Reported: wall
+loading (prefill is eager, the decode step compiled; TORCHFORMER_NATIVE_STEP=0, since the native
+batch-1 step of fast/native_step.py compiles nothing); loading is not timed. Reported: wall
 seconds, CPU seconds of the process plus its children (inductor's compile workers and the C++
 compiler), the graphs dynamo compiled, the region bodies it traced, and dynamo's own phase times.
 
@@ -83,6 +84,9 @@ def measured(args: argparse.Namespace, fmt: str, cache: str) -> dict:
     """``child`` for one format in a fresh process over the inductor cache ``cache``."""
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1")
     env["TORCHFORMER_STEP_CACHE"] = os.path.join(cache, "steps")
+    # the compiled graph's step: a batch-1 generate of a Llama-shaped model otherwise runs the
+    # native step (fast/native_step.py), which compiles nothing
+    env["TORCHFORMER_NATIVE_STEP"] = "0"
     if args.compile_threads is not None:
         env["TORCHINDUCTOR_COMPILE_THREADS"] = str(args.compile_threads)
     spec = [args.folder, fmt, args.prompt, args.new_tokens]

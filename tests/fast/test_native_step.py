@@ -100,9 +100,13 @@ def test_models_it_does_not_compute_keep_the_compiled_step(why, fmt, changes):
     assert planned(model_for(fmt, **changes)) is None, why
 
 
-def test_an_fp32_model_and_two_rows_keep_the_compiled_step():
+def test_an_fp32_model_two_rows_and_another_token_table_keep_the_compiled_step():
     assert planned(model_for("int4").float()) is None
     assert planned(model_for("int4"), rows=2) is None
+    model = model_for("int4")
+    table = type("MappedTable", (torch.nn.Module,), {})()  # a GGUF file's table: no weight (interop/gguf)
+    model.embed.tok = table
+    assert planned(model) is None
 
 
 def test_the_environment_turns_it_off_and_a_bad_value_is_an_error(monkeypatch):

@@ -138,6 +138,7 @@ def parts(model: nn.Module) -> tuple[list[Tensor], list[int], list[float]]:
     # a decoder-only LM (models/decoder.py DecoderLM, a floor above fast/): its parts by name
     check(all(hasattr(model, n) for n in ("embed", "stack", "lm_head")), f"a {type(model).__name__}")
     stack, embed = model.stack, model.embed
+    check(type(embed.tok) is nn.Embedding, f"a token table of type {type(embed.tok).__name__}")  # a GGUF file's
     tok = embed.tok.weight
     check(tok.dtype == torch.bfloat16 and tok.is_cpu, "a model not in bf16 on the CPU")
     check(
@@ -233,6 +234,6 @@ def plan(model: nn.Module, rows: int | None, fallback) -> NativeStep | None:
         return None
     try:
         return NativeStep(model, module, fallback)
-    except Unsupported as err:
+    except (Unsupported, AttributeError) as err:  # AttributeError: a part of another shape than checked
         log.debug("torchformer: the native decode step does not take this model (%s)", err)
         return None
