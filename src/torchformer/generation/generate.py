@@ -138,7 +138,8 @@ def open_decode(
     check_compile_settings(bool(compile))
     if k is not None:
         return req, SpeculativeStream(model, req, s, generator, bool(compile), draft_model, k)
-    return req, (tok.clone() for tok, _ in decode(model, req, s, generator, bool(compile)))  # clone: a normal tensor
+    tokens = decode(model, req, s, generator, bool(compile))
+    return req, (tok.clone() if tok.is_inference() else tok for tok, _ in tokens)  # clone: a normal tensor
 
 
 def generate(

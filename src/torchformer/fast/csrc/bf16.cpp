@@ -382,14 +382,12 @@ torch::Tensor bf16_dot(const torch::Tensor& x, const torch::Tensor& w) {
 
 // One row x (K bf16) times w (N, K) bf16 -> out (N fp32) on the bf16 units: bf16_dot's row without
 // its tensors (csrc/step.cpp; in a team the threads share the weight's rows). Needs has_bf16_units().
-void bf16_row(const uint16_t* x, const torch::Tensor& w, float* out) {
+void bf16_row(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, float* out) {
 #if defined(__AVX512F__)
-  const int64_t N = w.size(0), K = w.size(1);
-  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   const units::Fn one = units::rows_table()[0];
-  row_chunks(N, [&](int64_t b, int64_t e) { one(x, K, wp, b, e, out, N); });
+  row_chunks(N, [&](int64_t b, int64_t e) { one(x, K, w, b, e, out, N); });
 #else
-  (void)x, (void)w, (void)out;
+  (void)x, (void)w, (void)N, (void)K, (void)out;
 #endif
 }
 

@@ -25,14 +25,5 @@ void guided_for(int64_t n, const F& body) {
   const int64_t T = std::min<int64_t>(at::get_num_threads(), n);
   if (T <= 1 || at::in_parallel_region()) return body(0, n);
   std::atomic<int64_t> next{0};
-  at::parallel_for(0, T, 1, [&](int64_t, int64_t) {
-    for (;;) {
-      int64_t b = next.load(std::memory_order_relaxed), c = 0;
-      do {
-        if (b >= n) return;
-        c = std::max<int64_t>(1, (n - b) / (2 * T));
-      } while (!next.compare_exchange_weak(b, b + c, std::memory_order_relaxed));
-      body(b, std::min(n, b + c));
-    }
-  });
+  at::parallel_for(0, T, 1, [&](int64_t, int64_t) { take_chunks(next, n, T, body); });
 }

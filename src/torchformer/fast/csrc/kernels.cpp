@@ -240,6 +240,9 @@ struct Args {
   float* op;
   int64_t qs0, qs1, ks0, ks1, ks2, vs0, vs1, vs2, tb, th, ts, H, K, G, E, Ev, n;
   float sc;
+  // One row's new key and value per KV head (K, E) each, written at slot n - 1 by the task that
+  // reads that head, before it reads (attend_row; null elsewhere): no barrier between write and read.
+  const T *knew = nullptr, *vnew = nullptr;
 };
 
 // One (row, KV head) task, E == Ev, NV = ceil(E / 16) vectors (the last masked when E % 16):
@@ -349,28 +352,28 @@ void attend_all(const Args<T>& args, int64_t B) {
                    args.K, args.n, args.E, args.Ev, begin, end};
     ahead.open();
     ahead.advance(AHEAD_LINES * 64);
-    for (int64_t task = begin; task < end; ++task) fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
+    for (int64_t task = begin; task < end; ++task) {
+      if (args.knew) {  // one row (B = 1): task = its KV head
+        std::copy_n(args.knew + task * args.E, args.E, const_cast<T*>(args.kp) + task * args.ks1 + (args.n - 1) * args.ks2);
+        std::copy_n(args.vnew + task * args.Ev, args.Ev, const_cast<T*>(args.vp) + task * args.vs1 + (args.n - 1) * args.vs2);
+      }
+      fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
+    }
   };
   if (!team_chunks(B * args.K, tasks)) at::parallel_for(0, B * args.K, 1, tasks);
 }
 }  // namespace
 
-// One decode query of H heads (H, E) fp32 over the first n keys of one row's cache k, v (1, K, S, E),
-// bf16 or fp32, E <= 128 -> out (H, E) fp32: decode_attention's register path without its tensors
-// (step.cpp; in a team the heads' tasks are shared).
-void attend_row(const float* q, int64_t H, const torch::Tensor& k, const torch::Tensor& v, int64_t n, float scale,
+// One decode query of H heads (H, E) fp32 over one row's bf16 cache k, v (K heads of E <= 128, strides
+// ks1 / vs1 between heads and ks2 / vs2 between slots), after writing that row's new key and value (K, E)
+// bf16 each at slot n - 1 -> out (H, E) fp32: decode_attention's register path without its tensors
+// (step.cpp; in a team the heads are shared, each head's write done by the thread that reads it).
+void attend_row(const float* q, int64_t H, const uint16_t* k, const uint16_t* v, int64_t K, int64_t E, int64_t ks1,
+                int64_t ks2, int64_t vs1, int64_t vs2, const uint16_t* knew, const uint16_t* vnew, int64_t n, float scale,
                 float* out) {
-  const int64_t K = k.size(1), E = k.size(3);
-  if (k.scalar_type() == at::kBFloat16) {
-    const auto* kp = reinterpret_cast<const uint16_t*>(k.data_ptr());
-    const auto* vp = reinterpret_cast<const uint16_t*>(v.data_ptr());
-    attend_all<uint16_t>({q, kp, vp, nullptr, out, H * E, E, k.stride(0), k.stride(1), k.stride(2), v.stride(0),
-                          v.stride(1), v.stride(2), 0, 0, 0, H, K, H / K, E, E, n, scale}, 1);
-  } else {
-    attend_all<float>({q, k.data_ptr<float>(), v.data_ptr<float>(), nullptr, out, H * E, E, k.stride(0), k.stride(1),
-                       k.stride(2), v.stride(0), v.stride(1), v.stride(2), 0, 0, 0, H, K, H / K, E, E, n, scale},
-                      1);
-  }
+  Args<uint16_t> args{q, k, v, nullptr, out, H * E, E, 0, ks1, ks2, 0, vs1, vs2, 0, 0, 0, H, K, H / K, E, E, n, scale};
+  args.knew = knew, args.vnew = vnew;
+  attend_all<uint16_t>(args, 1);
 }
 
 static torch::Tensor decode_fp32(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,

@@ -366,16 +366,16 @@ torch::Tensor product(const torch::Tensor& x, const torch::Tensor& wp, const tor
 
 // One row of panel_row: x rounded into `work` as `product` rounds it, then the format's pass.
 template <class F, class FV>
-void one_row(const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G, int64_t ways,
+void one_row(const uint8_t* panels, const void* scale, bool half, int64_t N, int64_t K, int64_t G, int64_t ways,
              const float* x, float* o, uint8_t* work) {
   const int64_t B = act_block(K, G), at_q = 2 * ((K / B * 4 + 63) / 64 * 64);
   float* xs = reinterpret_cast<float*>(work);
   int32_t* bias = reinterpret_cast<int32_t*>(work + at_q / 2);
   int8_t* q = reinterpret_cast<int8_t*>(work + at_q);
   quantize_row(x, K, B, F::offset(vnni()), q, xs, bias, nullptr);
-  const Weights wt{static_cast<const uint8_t*>(wp.data_ptr()), scale.data_ptr(), nullptr, nullptr, nullptr, K, G, K};
+  const Weights wt{panels, scale, nullptr, nullptr, nullptr, K, G, K};
   const Acts a{q, xs, bias, nullptr, nullptr, K, B};
-  if (scale.scalar_type() == at::kHalf)
+  if (half)
     dispatch<F, FV, uint16_t>(wt, a, 1, N, o, ways);
   else
     dispatch<F, FV, float>(wt, a, 1, N, o, ways);
@@ -386,15 +386,17 @@ void one_row(const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int
 // The bytes of `work` panel_row takes for K inputs: the row's block scales and biases, then q.
 int64_t panel_row_work(int64_t K) { return 2 * ((K * 4 + 63) / 64 * 64) + K; }
 
-// One row x (K fp32) through int8 (bits 8) or int4 (bits 4) panels with one-level fp32 or f16 scales
-// (interleaved where ways > 1) -> out (N fp32), bit for bit int8_mm's / int4_mm's row; work: a
-// 64-aligned panel_row_work(K) bytes of the caller's (csrc/step.cpp: one per thread; in a team the
-// threads share the panels).
-void panel_row(int64_t bits, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G,
+// One row x (K fp32) through int8 (bits 8) or int4 (bits 4) panels with one-level scales, fp32 or
+// f16 (`half`) (interleaved where ways > 1: the scales lie in the panels) -> out (N fp32), bit for
+// bit int8_mm's / int4_mm's row; work: a 64-aligned panel_row_work(K) bytes of the caller's
+// (csrc/step.cpp: one per thread; in a team the threads share the panels). Raw pointers: the step
+// calls it ~25 times a token at the toy shape, each tensor's header a cache miss once the weights
+// have streamed through.
+void panel_row(int64_t bits, const uint8_t* panels, const void* scale, bool half, int64_t N, int64_t K, int64_t G,
                int64_t ways, const float* x, float* out, uint8_t* work) {
   if (bits == 8)
-    return one_row<plain::Int8, with_vnni::Int8>(wp, scale, N, K, G, ways, x, out, work);
-  one_row<plain::Int4, with_vnni::Int4>(wp, scale, N, K, G, ways, x, out, work);
+    return one_row<plain::Int8, with_vnni::Int8>(panels, scale, half, N, K, G, ways, x, out, work);
+  one_row<plain::Int4, with_vnni::Int4>(panels, scale, half, N, K, G, ways, x, out, work);
 }
 
 // x (R, K) fp32; panels (P, K / 4, 16, 4) uint8 (q + 128); scale (P, K / group, 16) fp32 or f16, or int8

@@ -34,12 +34,13 @@
 #include <memory>
 #include <vector>
 
-void panel_row(int64_t bits, const torch::Tensor& wp, const torch::Tensor& scale, int64_t N, int64_t K, int64_t G,
+void panel_row(int64_t bits, const uint8_t* panels, const void* scale, bool half, int64_t N, int64_t K, int64_t G,
                int64_t ways, const float* x, float* out, uint8_t* work);
 int64_t panel_row_work(int64_t K);
-void bf16_row(const uint16_t* x, const torch::Tensor& w, float* out);
+void bf16_row(const uint16_t* x, const uint16_t* w, int64_t N, int64_t K, float* out);
 bool has_bf16_units();
-void attend_row(const float* q, int64_t H, const torch::Tensor& k, const torch::Tensor& v, int64_t n, float scale,
+void attend_row(const float* q, int64_t H, const uint16_t* k, const uint16_t* v, int64_t K, int64_t E, int64_t ks1,
+                int64_t ks2, int64_t vs1, int64_t vs2, const uint16_t* knew, const uint16_t* vnew, int64_t n, float scale,
                 float* out);
 
 namespace {
@@ -69,22 +70,39 @@ inline float widen(uint16_t b) {
 }
 
 // One projection: a bf16 weight (N, K) (bits 16), or int8 / int4 panels (bits 8 / 4) with their scale
-// tensor, group and ways; an fp32 bias of N or none.
+// tensor, group and ways; an fp32 bias of N or none. The tensors are held; the calls take their
+// pointers, read once here (a tensor's header is a cache miss each token once the weights streamed).
 struct Proj {
   int64_t bits, N, K, G, ways;
   torch::Tensor w, scale, bias;
+  const void* wp = nullptr;
+  const void* sp = nullptr;
+  const float* bp = nullptr;
+  bool half = false;
+  void point() {
+    wp = w.data_ptr(), sp = scale.data_ptr();  // interleaved panels: an empty scale (they hold their scales)
+    bp = bias.numel() ? bias.data_ptr<float>() : nullptr, half = scale.scalar_type() == at::kHalf;
+  }
 };
 
 struct Layer {
   torch::Tensor attn_norm, mlp_norm;  // (D) bf16
+  const uint16_t *attn_w, *mlp_w;
   float attn_eps, mlp_eps;
   Proj qkv, o, gate_up, down;
+};
+
+// One layer's cache, as attend_row takes it.
+struct Slots {
+  uint16_t *k, *v;
+  int64_t ks1, ks2, vs1, vs2;
 };
 
 // One thread's own buffers: the hidden state and what it derives from it alike on every thread.
 struct Own {
   std::vector<float> h, x, y, q;  // (D), (max K), (q/k/v outputs), (H * E)
   std::vector<uint16_t> xb;       // (max K): x as bf16 for bf16_row
+  std::vector<uint16_t> kb, vb;   // (KH * E): this position's keys (rotated) and values in bf16
   std::vector<uint8_t> work;      // panel_row's rounded x, 64-aligned
   uint8_t* aligned = nullptr;
 };
@@ -115,14 +133,23 @@ class DecoderStep {
       TORCH_CHECK(p.bits != 16 || has_bf16_units(), "DecoderStep: bf16 weights need AVX512-BF16");
       // panels one after another would go to at::parallel_for, which a team cannot share
       TORCH_CHECK(p.bits == 16 || p.ways > 1, "DecoderStep: panels must be interleaved (ways > 1)");
+      // the bytes the kernels will read: a bf16 (N, K) weight, or P panels of K inputs at bits each for
+      // 16 outputs, each weight group's 16 scales inside them (quantized.cpp's layout comment)
+      const int64_t P = (p.N + 15) / 16, scale_bytes = p.scale.element_size();
+      TORCH_CHECK(p.w.is_contiguous() && (p.bits == 16 || (p.G > 0 && p.K % p.G == 0 &&
+                  p.w.numel() == P * (p.K * 16 * p.bits / 8 + p.K / p.G * 16 * scale_bytes))),
+                  "DecoderStep: a projection's weight does not hold (", p.N, ", ", p.K, ") at ", p.bits, " bits");
       TORCH_CHECK(p.bias.numel() == 0 || (p.bias.scalar_type() == at::kFloat && p.bias.numel() == p.N),
                   "DecoderStep: a bias must be fp32 of N");
       widest = std::max(widest, p.K);
+      p.point();
       return p;
     };
     for (int64_t l = 0; l < L; ++l) {
       Layer layer;
       layer.attn_norm = tensors[t++], layer.mlp_norm = tensors[t++];
+      layer.attn_w = reinterpret_cast<const uint16_t*>(layer.attn_norm.data_ptr());
+      layer.mlp_w = reinterpret_cast<const uint16_t*>(layer.mlp_norm.data_ptr());
       layer.attn_eps = static_cast<float>(floats[2 + 2 * l]), layer.mlp_eps = static_cast<float>(floats[3 + 2 * l]);
       layer.qkv = proj(), layer.o = proj(), layer.gate_up = proj(), layer.down = proj();
       TORCH_CHECK(layer.qkv.N == (H + 2 * KH) * E && layer.qkv.K == D && layer.o.N == D && layer.o.K == H * E &&
@@ -148,6 +175,12 @@ class DecoderStep {
                     sin_table.sizes() == cos_table.sizes() && sin_table.is_contiguous(),
                 "DecoderStep: the RoPE tables must be contiguous fp32 (S, E / 2)");
     caches = std::move(kv), cos = std::move(cos_table), sin = std::move(sin_table);
+    slots.clear();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const torch::Tensor &k = caches[2 * l], &v = caches[2 * l + 1];
+      slots.push_back({reinterpret_cast<uint16_t*>(k.data_ptr()), reinterpret_cast<uint16_t*>(v.data_ptr()),
+                       k.stride(1), k.stride(2), v.stride(1), v.stride(2)});
+    }
   }
 
   // The logits (1, V) of `token` at `pos` (bf16 values, held in fp32) and their argmax (the first
@@ -161,6 +194,8 @@ class DecoderStep {
                 " is outside the cache of ", caches[0].size(2), " slots");
     const int T = std::max(1, at::get_num_threads());
     if (static_cast<int>(own.size()) < T) own.resize(T);
+    // normal tensors, not inference ones: the caller hands them on as they are (no clone)
+    c10::InferenceMode normal(false);
     auto out = torch::empty({1, V}, torch::kFloat);
     float* po = out.data_ptr<float>();
     // The team is the region's threads as OpenMP gives them (fewer than asked where it must).
@@ -197,12 +232,13 @@ class DecoderStep {
   std::vector<Layer> layers;
   Proj head;
   std::vector<torch::Tensor> caches;
+  std::vector<Slots> slots;
   std::unique_ptr<Team> team;
   std::vector<Own> own;
   std::vector<float> qkv, attn, o, gu, down, logits;  // the products' outputs, shared by the team
 
   // x = RMSNorm(h) as nn/norms.py's RMSNorm in bf16: (h * rsqrt(mean(h^2) + eps)) rounded, times w, rounded.
-  void norm(const float* h, const torch::Tensor& w, float eps, float* x) const {
+  void norm(const float* h, const uint16_t* wp, float eps, float* x) const {
     Vec acc(0.f);
     int64_t d = 0;
     for (; d + Vec::size() <= D; d += Vec::size()) {
@@ -214,7 +250,6 @@ class DecoderStep {
     for (float v : lanes) ss += v;
     for (; d < D; ++d) ss += h[d] * h[d];
     const float r = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
-    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
     for (d = 0; d < D; ++d) x[d] = bf16(bf16(h[d] * r) * widen(wp[d]));
   }
 
@@ -222,19 +257,19 @@ class DecoderStep {
   void project(Own& me, const Proj& p, const float* x, float* out) const {
     if (p.bits == 16) {
       for (int64_t k = 0; k < p.K; ++k) me.xb[k] = bf16_bits(x[k]);  // x is rounded already
-      bf16_row(me.xb.data(), p.w, out);
+      bf16_row(me.xb.data(), static_cast<const uint16_t*>(p.wp), p.N, p.K, out);
     } else {
-      panel_row(p.bits, p.w, p.scale, p.N, p.K, p.G, p.ways, x, out, me.aligned);
+      panel_row(p.bits, static_cast<const uint8_t*>(p.wp), p.sp, p.half, p.N, p.K, p.G, p.ways, x, out, me.aligned);
     }
   }
   // A product's output n in the model's dtype, with its bias (nn: the projection's output tensor).
   float value(const Proj& p, const float* out, int64_t n) const {
-    return bf16(p.bias.numel() ? out[n] + p.bias.data_ptr<float>()[n] : out[n]);
+    return bf16(p.bp ? out[n] + p.bp[n] : out[n]);
   }
   // dst[0, n) = value(p, out, n0 + i) for i < n.
   void values(const Proj& p, const float* out, int64_t n0, int64_t n, float* dst) const {
-    if (p.bias.numel()) {
-      const float* b = p.bias.data_ptr<float>() + n0;
+    if (p.bp) {
+      const float* b = p.bp + n0;
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16(out[n0 + i] + b[i]);
     } else {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16(out[n0 + i]);
@@ -249,7 +284,7 @@ class DecoderStep {
   void forward(Own& me, int64_t token, int64_t pos) {
     if (me.h.empty()) {
       me.h.resize(D), me.x.resize(widest), me.y.resize(std::max<int64_t>((H + 2 * KH) * E, 2 * F)), me.q.resize(H * E);
-      me.xb.resize(widest);
+      me.xb.resize(widest), me.kb.resize(KH * E), me.vb.resize(KH * E);
       me.work.resize(panel_row_work(widest) + 64);
       me.aligned = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(me.work.data()) + 63) / 64 * 64);
     }
@@ -267,30 +302,26 @@ class DecoderStep {
     };
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];
-      norm(me.h.data(), L.attn_norm, L.attn_eps, me.x.data());
+      norm(me.h.data(), L.attn_w, L.attn_eps, me.x.data());
       project(me, L.qkv, me.x.data(), qkv.data());
       float* y = me.y.data();  // q, k, v as the model holds them
       values(L.qkv, qkv.data(), 0, (H + 2 * KH) * E, y);
       for (int64_t h = 0; h < H; ++h) rotate(y + h * E, me.q.data() + h * E);
-      if (member->id == 0) {  // this position's keys (rotated) and values into the cache, by one thread
-        const torch::Tensor &kc = caches[2 * l], &vc = caches[2 * l + 1];
-        auto* kp = reinterpret_cast<uint16_t*>(kc.data_ptr());
-        auto* vp = reinterpret_cast<uint16_t*>(vc.data_ptr());
+      // this position's keys (rotated) and values, written into the cache by the attention's task
+      // of each head, before it reads them
+      for (int64_t kh = 0; kh < KH; ++kh) {
         float kr[128];
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          rotate(y + (H + kh) * E, kr);
-          uint16_t* kd = kp + kh * kc.stride(1) + pos * kc.stride(2);
-          uint16_t* vd = vp + kh * vc.stride(1) + pos * vc.stride(2);
-          const float* v = y + (H + KH + kh) * E;
-          for (int64_t e = 0; e < E; ++e) kd[e] = bf16_bits(kr[e]), vd[e] = bf16_bits(v[e]);
-        }
+        rotate(y + (H + kh) * E, kr);
+        const float* v = y + (H + KH + kh) * E;
+        for (int64_t e = 0; e < E; ++e) me.kb[kh * E + e] = bf16_bits(kr[e]), me.vb[kh * E + e] = bf16_bits(v[e]);
       }
-      team->wait();  // the key and value at pos written before any head reads them
-      attend_row(me.q.data(), H, caches[2 * l], caches[2 * l + 1], pos + 1, scale, attn.data());
+      const Slots& c = slots[l];
+      attend_row(me.q.data(), H, c.k, c.v, KH, E, c.ks1, c.ks2, c.vs1, c.vs2, me.kb.data(), me.vb.data(), pos + 1,
+                 scale, attn.data());
       for (int64_t n = 0; n < H * E; ++n) me.x[n] = bf16(attn[n]);
       project(me, L.o, me.x.data(), o.data());
       add(L.o, o.data(), me);
-      norm(me.h.data(), L.mlp_norm, L.mlp_eps, me.x.data());
+      norm(me.h.data(), L.mlp_w, L.mlp_eps, me.x.data());
       project(me, L.gate_up, me.x.data(), gu.data());
       values(L.gate_up, gu.data(), 0, 2 * F, y);
       int64_t f = 0;
@@ -303,7 +334,7 @@ class DecoderStep {
       project(me, L.down, me.x.data(), down.data());
       add(L.down, down.data(), me);
     }
-    norm(me.h.data(), final_norm, final_eps, me.x.data());
+    norm(me.h.data(), reinterpret_cast<const uint16_t*>(final_norm.data_ptr()), final_eps, me.x.data());
     project(me, head, me.x.data(), logits.data());
   }
 };

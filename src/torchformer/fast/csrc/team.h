@@ -52,25 +52,29 @@ struct Member {
 // The team this thread runs a step in, or null.
 inline thread_local Member* member = nullptr;
 
-// body(b, e) over the units [0, n): in a team, chunks taken off this call's counter (large first,
-// smaller towards the end: OpenMP's "guided"), then the team's barrier.
+// body(b, e) over chunks of the units [0, n) taken off `next` by one of T threads until none is
+// left: each chunk as many units as a 2T-th of what is left, at least one (OpenMP's "guided").
+template <class F>
+void take_chunks(std::atomic<int64_t>& next, int64_t n, int64_t T, const F& body) {
+  for (;;) {
+    int64_t b = next.load(std::memory_order_relaxed), c = 0;
+    do {
+      if (b >= n) return;
+      c = std::max<int64_t>(1, (n - b) / (2 * T));
+    } while (!next.compare_exchange_weak(b, b + c, std::memory_order_relaxed));
+    body(b, std::min(n, b + c));
+  }
+}
+
+// In a team: body(b, e) over the units [0, n) in chunks off this call's counter, then the team's
+// barrier; true. Outside one: false, nothing run.
 template <class F>
 bool team_chunks(int64_t n, const F& body) {
   Member* m = member;
   if (!m) return false;
   Team& t = *m->team;
   TORCH_CHECK(m->turn < static_cast<int64_t>(t.counters.size()), "team: more shared calls than the step counted");
-  std::atomic<int64_t>& next = t.counters[m->turn++];
-  const int64_t T = t.threads;
-  for (;;) {
-    int64_t b = next.load(std::memory_order_relaxed), c = 0;
-    do {
-      if (b >= n) break;
-      c = std::max<int64_t>(1, (n - b) / (2 * T));
-    } while (!next.compare_exchange_weak(b, b + c, std::memory_order_relaxed));
-    if (b >= n) break;
-    body(b, std::min(n, b + c));
-  }
+  take_chunks(t.counters[m->turn++], n, t.threads, body);
   t.wait();
   return true;
 }
