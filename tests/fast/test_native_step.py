@@ -109,13 +109,25 @@ def test_an_fp32_model_two_rows_and_another_token_table_keep_the_compiled_step()
     assert planned(model) is None
 
 
-def test_the_environment_turns_it_off_and_a_bad_value_is_an_error(monkeypatch):
+def test_the_environment_turns_it_off_and_a_bad_value_is_an_error_before_any_work(monkeypatch):
     model = model_for("int4")
     monkeypatch.setenv("TORCHFORMER_NATIVE_STEP", "0")
     assert planned(model) is None
     monkeypatch.setenv("TORCHFORMER_NATIVE_STEP", "yes")
+    prefills = []
+    monkeypatch.setattr(model, "hidden", lambda *a, **k: prefills.append(1))
     with pytest.raises(ValueError, match="TORCHFORMER_NATIVE_STEP must be 0 or 1, got 'yes'"):
-        planned(model)
+        tfm.generate(model, torch.ones(1, 3, dtype=torch.long), max_new_tokens=2, compile=True)
+    assert not prefills
+
+
+def test_a_hooked_module_keeps_the_compiled_step():
+    """A hook runs in a module's forward, which the native step never calls."""
+    model = model_for("int4")
+    handle = model.stack.blocks[1].mlp.register_forward_hook(lambda m, i, o: None)
+    assert planned(model) is None
+    handle.remove()
+    assert planned(model) is not None
 
 
 def test_a_cache_it_cannot_take_sends_the_loop_to_the_compiled_step(monkeypatch):

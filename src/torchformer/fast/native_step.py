@@ -37,7 +37,7 @@ from ..nn.mlp import GatedMLP, silu_times
 from ..nn.norms import RMSNorm
 from ..nn.positions import RotaryTable, rotate_half
 from .bf16 import DOT_UNITS, Bf16Linear
-from .int4_panels import Int4MinPanels, Int4Panels
+from .int4_panels import Int4Panels
 from .int8_panels import Int8Panels
 from .joint import Bf16Joint, PanelJoint, base_class
 from .native import kernels
@@ -59,25 +59,29 @@ class Unsupported(Exception):
     """What the native step does not compute (its message says which part)."""
 
 
+def bf16_projection(w: Tensor, bias: Tensor | None) -> tuple[list[Tensor], list[int]]:
+    """(tensors, ints) of a bf16 weight (N, K) for csrc/step.cpp (``bf16_row``: AVX512-BF16)."""
+    if not DOT_UNITS or w.dtype != torch.bfloat16 or not w.is_contiguous():
+        raise Unsupported("a bf16 projection needs AVX512-BF16 and a contiguous bf16 weight")
+    return [w, EMPTY, EMPTY if bias is None else bias.float().contiguous()], [16, w.shape[0], w.shape[1], 0, 1]
+
+
 def projection(module: nn.Module, bias: Tensor | None = None) -> tuple[list[Tensor], list[int]]:
-    """(tensors, ints) of one projection for csrc/step.cpp: a bf16 weight (N, K) or interleaved panels."""
+    """(tensors, ints) of one projection for csrc/step.cpp: a ``Bf16Linear`` or interleaved int8 / int4
+    panels with one-level scales (exact classes: a subclass or a wrapper computes otherwise); ``bias``
+    in place of the module's own (a joint's members' biases end to end)."""
+    if bias is None:
+        bias = module.bias
+    if type(module) is Bf16Linear:
+        return bf16_projection(module.weight, bias)
+    if type(module) not in (Int4Panels, Int8Panels):
+        raise Unsupported(f"a projection of type {type(module).__name__}")
+    if module.ways <= 1 or module.super_scale is not None:
+        raise Unsupported("panels must be interleaved with one-level scales")
+    bits = 4 if type(module) is Int4Panels else 8
+    group = module.group_size or module.in_features  # None: one scale per row
     b = EMPTY if bias is None else bias.float().contiguous()
-    if isinstance(module, Bf16Linear) or type(module).__name__ == "Module" and "weight" in module._buffers:
-        w = module.weight if isinstance(module, Bf16Linear) else module._buffers["weight"]
-        if not DOT_UNITS or w.dtype != torch.bfloat16 or not w.is_contiguous():
-            raise Unsupported("a bf16 projection needs AVX512-BF16 and a contiguous bf16 weight")
-        if isinstance(module, Bf16Linear) and module.bias is not None:
-            b = module.bias.float().contiguous()
-        return [w, EMPTY, b], [16, w.shape[0], w.shape[1], 0, 1]
-    if type(module) in (Int4Panels, Int8Panels) and not isinstance(module, Int4MinPanels):
-        if module.ways <= 1 or module.super_scale is not None:
-            raise Unsupported("panels must be interleaved with one-level scales")
-        if bias is None and module.bias is not None:
-            b = module.bias.float().contiguous()
-        bits = 4 if isinstance(module, Int4Panels) else 8
-        group = module.group_size or module.in_features  # None: one scale per row
-        return [module.panels, module.scale, b], [bits, module.out_features, module.in_features, group, module.ways]
-    raise Unsupported(f"a projection of type {type(module).__name__}")
+    return [module.panels, module.scale, b], [bits, module.out_features, module.in_features, group, module.ways]
 
 
 def joint_projection(owner: nn.Module, names: tuple[str, ...]) -> tuple[list[Tensor], list[int]]:
@@ -86,11 +90,12 @@ def joint_projection(owner: nn.Module, names: tuple[str, ...]) -> tuple[list[Ten
     if not isinstance(joint, (PanelJoint, Bf16Joint)) or not joint.current(owner):
         raise Unsupported(f"{type(owner).__name__}'s {names} are not joined")
     members = [getattr(owner, n) for n in names]
-    biases = [m.bias for m in members]
     bias = None
-    if any(x is not None for x in biases):
-        bias = torch.cat([torch.zeros(m.out_features) if x is None else x.float() for m, x in zip(members, biases)])
-    return projection(joint.fused, bias if bias is not None else None)
+    if any(m.bias is not None for m in members):
+        bias = torch.cat([torch.zeros(m.out_features) if m.bias is None else m.bias.float() for m in members])
+    if isinstance(joint, Bf16Joint):
+        return bf16_projection(joint.fused.weight, bias)
+    return projection(joint.fused, bias)  # the fused twin has no bias of its own: the members' or none
 
 
 def check(ok: bool, what: str) -> None:
@@ -137,6 +142,12 @@ def parts(model: nn.Module) -> tuple[list[Tensor], list[int], list[float]]:
     """csrc/step.cpp's DecoderStep arguments for ``model``, or Unsupported naming what it lacks."""
     # a decoder-only LM (models/decoder.py DecoderLM, a floor above fast/): its parts by name
     check(all(hasattr(model, n) for n in ("embed", "stack", "lm_head")), f"a {type(model).__name__}")
+    # hooks run in a module's forward, which the native step never calls
+    hooked = [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
+    check(
+        not hooked and not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks,
+        "forward hooks",
+    )
     stack, embed = model.stack, model.embed
     check(type(embed.tok) is nn.Embedding, f"a token table of type {type(embed.tok).__name__}")  # a GGUF file's
     tok = embed.tok.weight

@@ -165,11 +165,13 @@ def step_function(seq2seq: bool, compiled: bool, fn=None, model=None):
 
 
 def check_compile_settings(compiled: bool) -> None:
-    """The environment's compile settings (TORCHFORMER_AOT_STEP, TORCHFORMER_CPP_WRAPPER) read where
-    a compiled call is validated, before any work; a wrong one raises ValueError naming it."""
+    """The environment's compile settings (TORCHFORMER_AOT_STEP, TORCHFORMER_CPP_WRAPPER,
+    TORCHFORMER_NATIVE_STEP) read where a compiled call is validated, before any work; a wrong one
+    raises ValueError naming it."""
     if compiled:
         exported.setting()
         cpp_wrapper_setting()
+        native_step.enabled()
 
 
 def loop_step(model, seq2seq: bool, compiled: bool, rows: int | None = None):
