@@ -12,6 +12,7 @@ stops early once every row has finished, so the output can be shorter than T + m
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
@@ -50,41 +51,50 @@ class History:
         return process(logits, s, seen=self.seen, tokens=self.tokens[:, :n], valid=self.valid[:, :n])
 
 
+def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Iterator[tuple[Tensor, Tensor]]:
+    """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
+    was chosen from. Finished rows yield pad_token_id. Inference tensors, but for the native step's
+    (clone them to use them in autograd)."""
+    with contextlib.ExitStack() as scope:
+        with torch.inference_mode():
+            # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
+            scope.enter_context(packed(model, req.input_ids.shape[0]))
+            logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
+            step = loop_step(model, req.seq2seq, compiled, prefix.shape[0])
+            native = s.greedy and not s.needs_history and native_step.takes(step, cache)
+        if native:
+            # The native step's own loop (fast/native_step.py): each greedy token comes with its
+            # logits from one call, no torch op and no inference-mode switch between two steps
+            # (~5 us each at the toy shape); one row, so an EOS ends it.
+            stop = set() if req.eos is None else set(req.eos.tolist())
+            yield from step.greedy(logits.float(), pos, req.max_new_tokens, stop)
+        else:
+            yield from loop(model, req, s, generator, step, logits, cache, pos, prefix)
+
+
 # inference_mode (not no_grad) skips autograd bookkeeping on every op: ~10-15% of an eager step
 # on CPU. It is active only while the generator runs, not in the caller's code between tokens.
 @torch.inference_mode()
-def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
-    was chosen from. Finished rows yield pad_token_id. Both are inference tensors (clone them to
-    use them in autograd)."""
-    # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
-    with packed(model, req.input_ids.shape[0]):
-        logits, cache, pos, prefix = prefill(model, req, bucketed=compiled)
-        step = loop_step(model, req.seq2seq, compiled, prefix.shape[0])
-        if s.greedy and not s.needs_history and native_step.takes(step, cache):
-            # The native step's own loop (fast/native_step.py): each greedy token comes with its
-            # logits from one call, no torch op between two steps; one row, so an EOS ends it.
-            stop = set() if req.eos is None else set(req.eos.tolist())
-            yield from step.greedy(logits.float(), pos, req.max_new_tokens, stop)
+def loop(model, req: Request, s: Sampling, generator, step, logits: Tensor, cache, pos: Tensor, prefix: Tensor):
+    """``decode``'s loop over ``step`` from the prompt's logits."""
+    history = None
+    if s.needs_history:
+        mask = None if req.seq2seq else req.attention_mask
+        history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
+    finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
+    for i in range(req.max_new_tokens):
+        logits = processed(logits.float(), s, history)
+        tok = choose(logits, s, generator)
+        if req.eos is not None:
+            tok = tok.masked_fill(finished, req.pad_token_id)
+            finished = finished | torch.isin(tok, req.eos)
+        if history is not None:
+            history.add(tok)
+        yield tok, logits
+        if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
             return
-        history = None
-        if s.needs_history:
-            mask = None if req.seq2seq else req.attention_mask
-            history = History(prefix, mask, req.max_new_tokens, logits.shape[-1])
-        finished = torch.zeros(prefix.shape[0], dtype=torch.bool, device=prefix.device)
-        for i in range(req.max_new_tokens):
-            logits = processed(logits.float(), s, history)
-            tok = choose(logits, s, generator)
-            if req.eos is not None:
-                tok = tok.masked_fill(finished, req.pad_token_id)
-                finished = finished | torch.isin(tok, req.eos)
-            if history is not None:
-                history.add(tok)
-            yield tok, logits
-            if i + 1 == req.max_new_tokens or (req.eos is not None and bool(finished.all())):
-                return
-            logits = step(model, tok[:, None], pos, cache)
-            pos = pos + 1
+        logits = step(model, tok[:, None], pos, cache)
+        pos = pos + 1
 
 
 def stream(
