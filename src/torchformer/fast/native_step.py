@@ -6,8 +6,8 @@ Measured at the toy shape (6 layers, hidden 512, int4 g64, 2 threads, the Intel 
 perf over the decode loop only): a compiled step took ~0.49 ms and the loop ~0.63 ms a token, of
 which the 25 products took ~0.30 (called back to back through the dispatcher); the second thread
 spun 62% of the time, and the first spent ~40% outside the kernels (the dispatcher, allocations,
-the graph's glue kernels, the Python loop). With this step ~0.39 ms a token (int8 0.86 -> 0.56 ms,
-bf16 1.22 -> 0.97); at the 1B shape int4 36.4 -> 40.8 tok/s, 82% -> 90% of the streaming bound
+the graph's glue kernels, the Python loop). With this step ~0.35 ms a token (int8 0.86 -> 0.56 ms,
+bf16 1.22 -> 0.93); at the 1B shape int4 36.4 -> 40.8 tok/s, 82% -> 90% of the streaming bound
 (benchmarks/RESULTS.md, the engines tables).
 
 Taken (``plan``) where every part of the model is one the native step computes exactly as the
