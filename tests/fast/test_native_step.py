@@ -177,3 +177,11 @@ def test_sampling_runs_the_native_step_through_the_loop(monkeypatch):
     kw = dict(max_new_tokens=16, temperature=0.8, top_k=50, seed=7)
     sampled = tfm.generate(model, ids, compile=True, **kw)
     assert len(calls) == 15 and torch.equal(sampled, tfm.generate(model, ids, **kw))
+
+
+def test_a_token_table_the_head_does_not_match_keeps_the_compiled_step():
+    """The native step's own checks (csrc/step.cpp): a table of another vocabulary than the head's."""
+    model = model_for("bf16" if DOT_UNITS else "int8")
+    with torch.no_grad():
+        model.embed.tok = torch.nn.Embedding(VOCAB + 16, D).to(torch.bfloat16)
+    assert planned(model) is None

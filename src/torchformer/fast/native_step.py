@@ -172,7 +172,8 @@ def parts(model: nn.Module) -> tuple[list[Tensor], list[int], list[float]]:
         "a final norm other than RMSNorm",
     )
     first = stack.blocks[0].attn
-    tensors, ints, floats = [tok.contiguous(), stack.final_norm.weight], [], [first.scale, stack.final_norm.eps]
+    check(tok.is_contiguous(), "a strided token table")  # never copied: the 1B shape's is 525 MB
+    tensors, ints, floats = [tok, stack.final_norm.weight], [], [first.scale, stack.final_norm.eps]
     for block in stack.blocks:
         t, i, f = layer_parts(block, first)
         tensors += t
@@ -192,7 +193,10 @@ class NativeStep:
 
     def __init__(self, model: nn.Module, module, fallback) -> None:
         tensors, ints, floats = parts(model)
-        self.step = module.DecoderStep(tensors, ints, floats)
+        try:
+            self.step = module.DecoderStep(tensors, ints, floats)
+        except RuntimeError as err:  # the tensors' own checks (csrc/step.cpp): a shape this module did not see
+            raise Unsupported(str(err).splitlines()[0]) from err
         self.rope = model.stack.rope
         self.fallback = fallback
         self.cache, self.other = None, None

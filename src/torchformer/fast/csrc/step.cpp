@@ -159,6 +159,14 @@ class DecoderStep {
     }
     head = proj();
     TORCH_CHECK(head.N == V && head.K == D, "DecoderStep: the head must be (V, D)");
+    auto vector_of = [&](const torch::Tensor& w) {
+      return w.scalar_type() == at::kBFloat16 && w.is_contiguous() && w.numel() == D;
+    };
+    TORCH_CHECK(embed.scalar_type() == at::kBFloat16 && embed.is_contiguous() && embed.dim() == 2 &&
+                    embed.size(0) == V && embed.size(1) == D && vector_of(final_norm),
+                "DecoderStep: the token table must be contiguous bf16 (V, D) and the final norm's weight bf16 (D)");
+    for (const Layer& layer : layers)
+      TORCH_CHECK(vector_of(layer.attn_norm) && vector_of(layer.mlp_norm), "DecoderStep: a norm's weight must be bf16 (D)");
     team = std::make_unique<Team>(5 * L + 1);
     qkv.resize((H + 2 * KH) * E), attn.resize(H * E), o.resize(D), gu.resize(2 * F), down.resize(D), logits.resize(V);
   }
