@@ -144,12 +144,6 @@ def parts(model: nn.Module) -> tuple[list[Tensor], list[int], list[float]]:
     """csrc/step.cpp's DecoderStep arguments for ``model``, or Unsupported naming what it lacks."""
     # a decoder-only LM (models/decoder.py DecoderLM, a floor above fast/): its parts by name
     check(all(hasattr(model, n) for n in ("embed", "stack", "lm_head")), f"a {type(model).__name__}")
-    # hooks run in a module's forward, which the native step never calls
-    hooked = [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
-    check(
-        not hooked and not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks,
-        "forward hooks",
-    )
     stack, embed = model.stack, model.embed
     check(type(embed.tok) is nn.Embedding, f"a token table of type {type(embed.tok).__name__}")  # a GGUF file's
     tok = embed.tok.weight
@@ -159,6 +153,13 @@ def parts(model: nn.Module) -> tuple[list[Tensor], list[int], list[float]]:
         "a scaled token table or absolute positions",
     )
     check(type(embed.drop) is nn.Identity, "embedding dropout")
+    # hooks run in a module's forward, which the native step never calls (checked after the cheap
+    # checks: an fp32 model never walks its modules here)
+    hooked = [m for m in model.modules() if m._forward_hooks or m._forward_pre_hooks]
+    check(
+        not hooked and not nn.modules.module._global_forward_hooks and not nn.modules.module._global_forward_pre_hooks,
+        "forward hooks",
+    )
     check(
         isinstance(stack.rope, RotaryTable)
         and len(stack.kinds) == 0

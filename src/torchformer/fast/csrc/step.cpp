@@ -270,11 +270,8 @@ class DecoderStep {
       panel_row(p.bits, static_cast<const uint8_t*>(p.wp), p.sp, p.half, p.N, p.K, p.G, p.ways, x, out, me.aligned);
     }
   }
-  // A product's output n in the model's dtype, with its bias (nn: the projection's output tensor).
-  float value(const Proj& p, const float* out, int64_t n) const {
-    return bf16(p.bp ? out[n] + p.bp[n] : out[n]);
-  }
-  // dst[0, n) = value(p, out, n0 + i) for i < n.
+  // dst[0, n) = a product's outputs n0.. in the model's dtype, with its bias (nn: the projection's
+  // output tensor).
   void values(const Proj& p, const float* out, int64_t n0, int64_t n, float* dst) const {
     if (p.bp) {
       const float* b = p.bp + n0;
@@ -283,7 +280,7 @@ class DecoderStep {
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16(out[n0 + i]);
     }
   }
-  // h = h + value(p, out) rounded: a residual sum.
+  // h = h + the product's outputs (values), rounded: a residual sum.
   void add(const Proj& p, const float* out, Own& me) const {
     values(p, out, 0, D, me.y.data());
     for (int64_t d = 0; d < D; ++d) me.h[d] = bf16(me.h[d] + me.y[d]);
