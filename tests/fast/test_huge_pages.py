@@ -4,6 +4,7 @@ the kernel backs them so once written (read back from /proc/self/smaps); a panel
 multiplies bit for bit as one built in torch's memory (``TORCHFORMER_HUGE_PAGES=0``); smaller
 buffers and the switch turned off take torch's own memory."""
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -135,3 +136,91 @@ def test_weights_loaded_under_inference_mode_move_as_inference_tensors(tmp_path)
             assert torch.equal(loaded(ids), want)
         with torch.no_grad():
             assert torch.equal(loaded(ids), want)
+
+
+def small_panel_model(layers: int = 3):
+    """A Llama-shaped model in bf16 whose int4 projections are each under a huge page (~0.1-0.7 MiB)
+    and all of them together a few: the toy shape's case."""
+    import torchformer as tfm
+
+    torch.manual_seed(0)
+    cfg = tfm.presets.get("llama-tiny", vocab_size=1024, d_model=512, n_layers=layers, max_seq_len=64)
+    cfg = cfg.replace(block=dataclasses.replace(cfg.block, d_ff=1408))
+    model = tfm.build_model(cfg).bfloat16().eval()
+    tfm.quantize(model, "int4", group_size=64)  # prepares: the twins, their joints, the arena
+    return model
+
+
+def holders(model):
+    """(panel buffer holder, its joint or None): each joint's fused twin and every twin outside one."""
+    from torchformer.fast.joint import JointOwner, PanelJoint
+    from torchformer.fast.quant_panels import PanelLinear
+
+    out, members = [], set()
+    for m in model.modules():
+        joint = getattr(m, "joint", None) if isinstance(m, JointOwner) else None
+        if isinstance(joint, PanelJoint):
+            out.append((joint.fused, joint))
+            members.update(id(x) for x in joint.members)
+    return out + [(m, None) for m in model.modules() if isinstance(m, PanelLinear) and id(m) not in members]
+
+
+@pytest.mark.skipif(not formats.ops_ready(), reason="the CPU kernels are not built here")
+@pytest.mark.skipif(not thp_on, reason="needs Linux with transparent huge pages (madvise or always)")
+def test_small_panels_gather_into_huge_pages_and_decode_as_before(monkeypatch):
+    """Panels of under a huge page each (the toy shape's every projection but its head) cannot have
+    huge pages of their own; ``prepare`` moves them into one arena (fast/formats.py
+    ``gather_panels``): each holder's panels are then backed by huge pages, a joint's members view its
+    moved buffer and the joint stays current, the next scope moves nothing, and decoding gives the
+    tokens of the same model built with huge pages off."""
+    model = small_panel_model()
+    found = holders(model)
+    assert len(found) == 3 * 4 + 1  # per layer q/k/v and gate/up joints, o and down; the head
+    backed = total = 0
+    for holder, joint in found:
+        panels = holder._buffers["panels"]
+        assert holder.in_arena["panels"] is panels
+        total += panels.nbytes
+        backed += panels.nbytes if huge_kib(panels.data_ptr()) > 0 else 0
+        if joint is not None:
+            assert all(m.panels.data_ptr() >= panels.data_ptr() for m in joint.members)
+            assert all(m.panels.untyped_storage().data_ptr() == panels.untyped_storage().data_ptr() for m in joint.members)
+            owner = next(o for o in model.modules() if getattr(o, "joint", None) is joint)
+            assert joint.current(owner)
+    assert total > 2 * HUGE_PAGE and backed >= total - HUGE_PAGE  # all but the arena's tail (4 KiB pages)
+    assert formats.gather_panels(model) == 0  # the next scope's prepare moves nothing
+    monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
+    plain = small_panel_model()
+    assert all("panels" not in getattr(h, "in_arena", {}) for h, _ in holders(plain))
+    ids = torch.randint(0, 1024, (1, 7), generator=torch.Generator().manual_seed(1))
+    for compiled in (False, True):
+        want = tfm_generate(plain, ids, compiled)
+        assert torch.equal(tfm_generate(model, ids, compiled), want)
+
+
+def tfm_generate(model, ids, compiled: bool):
+    import torchformer as tfm
+
+    return tfm.generate(model, ids, max_new_tokens=8, compile=compiled)
+
+
+@pytest.mark.skipif(not formats.ops_ready(), reason="the CPU kernels are not built here")
+def test_a_panel_buffer_replaced_since_moves_again(monkeypatch):
+    """What ``gather_panels`` placed stays; a buffer replaced since (a load into the module repacks)
+    moves at the next call, and only it (an arena of plain tensors here: the logic on any machine)."""
+    arenas = []
+
+    def fake_arena(specs):
+        arenas.append(specs)
+        return [torch.zeros(shape, dtype=dtype) for shape, dtype in specs]
+
+    monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")  # nothing gathered while building
+    model = small_panel_model(layers=1)
+    monkeypatch.setattr(formats, "huge_arena", fake_arena)
+    first = formats.gather_panels(model)
+    assert first > 0 and len(arenas) == 1
+    assert formats.gather_panels(model) == 0 and len(arenas) == 1
+    down = model.stack.blocks[0].mlp.down
+    down.panels = down.panels.clone()
+    assert formats.gather_panels(model) == down.panels.nbytes
+    assert arenas[-1] == [(tuple(down.panels.shape), down.panels.dtype)] and down.in_arena["panels"] is down.panels

@@ -49,7 +49,7 @@ def model_for(fmt: str, kv_heads: int = 2, bias: bool = False, tied: bool = Fals
 def run(model, compiled: bool, rows: int = 1):
     ids = torch.randint(1, VOCAB, (rows, 9), generator=torch.Generator().manual_seed(2))
     req = make_request(model, ids, max_new_tokens=24, attention_mask=None, eos_token_id=None)
-    pairs = list(decode(model, req, GREEDY, None, compiled))
+    pairs = list(decode(model, req, GREEDY, None, compiled, scores=True))
     return torch.stack([t for t, _ in pairs], 1), torch.stack([lg for _, lg in pairs], 1)
 
 
@@ -185,3 +185,32 @@ def test_a_token_table_the_head_does_not_match_keeps_the_compiled_step():
     with torch.no_grad():
         model.embed.tok = torch.nn.Embedding(VOCAB + 16, D).to(torch.bfloat16)
     assert planned(model) is None
+
+
+@pytest.mark.skipif(not DOT_UNITS, reason="bf16 weights take the native step only with AVX512-BF16")
+def test_the_team_picks_the_token_as_torchs_argmax_on_ties_and_nans():
+    """Each thread takes the maximum of its share of the vocabulary (csrc/step.cpp ``choose``): equal
+    logits everywhere give the first index, a NaN the first NaN, as torch's argmax does."""
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    for row, value in ((None, 0.0), (VOCAB - 7, float("nan"))):
+        model = model_for("bf16")
+        with torch.no_grad():
+            model.lm_head.weight.zero_()
+            if row is not None:
+                model.lm_head.weight[row] = value
+        assert planned(model) is not None
+        eager = tfm.generate(model, ids, max_new_tokens=6)
+        assert torch.equal(eager[0, 9:], torch.full((6,), 0 if row is None else row))
+        assert torch.equal(tfm.generate(model, ids, max_new_tokens=6, compile=True), eager)
+
+
+def test_the_token_iterator_gives_the_tokens_with_or_without_their_logits():
+    """``decode`` without scores (generate, stream) runs the step's own token loop, with scores the
+    one that also hands each step's logits on: the same tokens, normal tensors both."""
+    model = model_for("int4")
+    ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(2))
+    req = make_request(model, ids, max_new_tokens=12, attention_mask=None, eos_token_id=None)
+    plain = list(decode(model, req, GREEDY, None, True))
+    pairs = list(decode(model, req, GREEDY, None, True, scores=True))
+    assert len(plain) == 12 and not any(t.is_inference() for t in plain)
+    assert torch.equal(torch.cat(plain), torch.cat([t for t, _ in pairs]))

@@ -18,7 +18,7 @@ GREEDY = sampling_options(0.0, None, None, None, 1.0, 0)
 
 def run(model, ids, mask, compiled: bool):
     req = make_request(model, ids, max_new_tokens=64, attention_mask=mask, eos_token_id=None)
-    pairs = list(decode(model, req, GREEDY, None, compiled))
+    pairs = list(decode(model, req, GREEDY, None, compiled, scores=True))
     return torch.stack([t for t, _ in pairs], 1), torch.stack([lg for _, lg in pairs], 1)  # (B, N), (B, N, V)
 
 

@@ -39,7 +39,7 @@ ROWS = each_value_once(variants(("decoder",))) + [
 def run(model, ids, mask, compiled: bool):
     kw = {"decoder_start_token_id": 0} if model.config.arch == "encoder_decoder" else {}
     req = make_request(model, ids, max_new_tokens=12, attention_mask=mask, eos_token_id=None, **kw)
-    pairs = list(decode(model, req, GREEDY, None, compiled))
+    pairs = list(decode(model, req, GREEDY, None, compiled, scores=True))
     return torch.stack([t for t, _ in pairs], 1), torch.stack([lg for _, lg in pairs], 1)  # (B, N), (B, N, V)
 
 

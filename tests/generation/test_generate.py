@@ -35,7 +35,7 @@ def cached_steps(model, ids, n, mask=None, **sampling) -> tuple[torch.Tensor, to
     )
     options = {"temperature": 0.0, "top_k": None, "top_p": None, "min_p": None, "repetition_penalty": 1.0}
     s = sampling_options(**{**options, **sampling, "no_repeat_ngram_size": 0})
-    out = list(decode(model, req, s, None, False))
+    out = list(decode(model, req, s, None, False, scores=True))
     return torch.stack([t for t, _ in out], 1), torch.stack([lg for _, lg in out], 1)
 
 

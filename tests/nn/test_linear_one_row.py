@@ -81,7 +81,8 @@ def test_eager_decode_equals_the_f_linear_route(monkeypatch, v):
     req = make_request(model, ids, max_new_tokens=10, attention_mask=None, eos_token_id=None, decoder_start_token_id=0)
 
     def run():
-        out = [(tok.clone(), logits.clone()) for tok, logits in decode(model, req, Sampling(), None, False)]
+        pairs = decode(model, req, Sampling(), None, False, scores=True)
+        out = [(tok.clone(), logits.clone()) for tok, logits in pairs]
         return torch.cat([t for t, _ in out]), torch.cat([lg for _, lg in out])
 
     counter = Counting()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..host_memory import file_mappings, in_file_mapping
+from ..host_memory import HUGE_PAGE, file_mappings, in_file_mapping
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
@@ -20,7 +20,7 @@ from ..nn.quant_min import Int4MinLinear
 from .bf16 import Bf16Linear
 from .int4_panels import Int4MinPanels, Int4Panels
 from .int8_panels import Int8Panels
-from .joint import bf16_groups, join
+from .joint import JOINED, JointOwner, PanelJoint, bf16_groups, join
 from .panels import huge_arena
 from .quant_panels import PanelLinear, ops_ready
 
@@ -114,6 +114,47 @@ def move_into_arena(weights: list[Tensor], inference: bool, mappings) -> int:
     return sum(w.numel() * w.element_size() for w in weights) if arena else 0
 
 
+def gather_panels(model: nn.Module) -> int:
+    """Move the panels and scales the kernels stream whole every decode step that could not have
+    huge pages of their own (each under one: fast/panels.py ``stream_zeros``; a small model's, the
+    toy shape's every projection but its head) into one arena of huge pages, each its own tensor
+    (``huge_arena``): a joint's buffers (its members' views follow them: joint.py
+    ``PanelJoint.rebuffer``) and those of the panel twins outside a joint. Their 4 KiB pages were
+    ~3,300 TLB entries a toy int4 step walked through every token: with them in huge pages a step
+    took 295 against 313 us (one process, the two alternated eight times, medians; the Intel Xeon
+    of fast-paths.md). What an earlier call moved stays (``in_arena`` says what it placed; a
+    buffer replaced since, by a load into it, moves again). Returns the bytes moved."""
+    holders: list[tuple[PanelLinear, PanelJoint | None]] = []
+    in_joints: set[int] = set()
+    for module in model.modules():
+        joint = getattr(module, "joint", None) if isinstance(module, JointOwner) else None
+        if isinstance(joint, PanelJoint) and joint.current(module):
+            holders.append((joint.fused, joint))
+            in_joints.update(id(m) for m in joint.members)
+    holders += [(m, None) for m in model.modules() if isinstance(m, PanelLinear) and id(m) not in in_joints]
+    moves = []  # (holder, its joint, buffer name, the buffer)
+    for holder, joint in holders:
+        placed = holder.__dict__.setdefault("in_arena", {})
+        for name in JOINED:
+            t = holder._buffers.get(name)
+            if t is not None and t.is_cpu and 0 < t.nbytes < HUGE_PAGE and placed.get(name) is not t:
+                moves.append((holder, joint, name, t))
+    moved = 0
+    for inference in (False, True):  # the copies made as the buffers were (a server loads in inference mode)
+        group = [move for move in moves if move[3].is_inference() == inference]
+        with torch.inference_mode(inference), torch.no_grad():
+            arena = huge_arena([(tuple(t.shape), t.dtype) for *_, t in group]) if group else None
+        for (holder, joint, name, t), new in zip(group, arena or []):
+            new.copy_(t)
+            if joint is None:
+                holder._buffers[name] = new
+            else:
+                joint.rebuffer(name, new)
+            holder.in_arena[name] = new
+            moved += t.nbytes
+    return moved
+
+
 def prepare(model: nn.Module, release_mapped: bool = False) -> int:
     """Swap ``model``'s quantized linears for their panel twins and its bf16 ``Linear``s for
     ``Bf16Linear`` where the kernels run (``prepared``, one module at a time, so a panel copy
@@ -128,4 +169,5 @@ def prepare(model: nn.Module, release_mapped: bool = False) -> int:
         setattr(owner, leaf, prepared(getattr(owner, leaf), release_mapped))
     stream_mapped_bf16(model)  # mapped bf16 weights into huge pages
     join(model)  # q/k/v and gate/up panel twins as one product each (fast/joint.py)
+    gather_panels(model)  # the small ones' panels into huge pages
     return len(names)

@@ -147,6 +147,21 @@ class PanelJoint(Joint):
     def product(self, x: Tensor) -> Tensor:
         return self.fused.multiply(x)
 
+    def rebuffer(self, name: str, new: Tensor) -> None:
+        """The joint buffer ``name`` replaced by ``new`` (equal values elsewhere: fast/formats.py
+        ``gather_panels``), each current member's view of it too; a member no longer viewing the
+        joint buffer keeps what it has."""
+        self.fused._buffers[name] = new
+        i, start, views = JOINED.index(name), 0, []
+        for m, view in zip(self.members, self.views):
+            rows = view[i].shape[0]
+            if m._buffers.get(name) is view[i]:
+                m._buffers[name] = new[start : start + rows]
+                view = (*view[:i], m._buffers[name], *view[i + 1 :])
+            views.append(view)
+            start += rows
+        self.views = views
+
     def current(self, owner: nn.Module) -> bool:
         """Whether the members are still the owner's and still view the joint buffer."""
         return self.mine(owner) and all(

@@ -26,6 +26,7 @@ bf16's rounding, not always bit for bit (tests/fast/test_native_step.py).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -218,23 +219,18 @@ class NativeStep:
             self.other = self.fallback()
         if self.other is not None:
             return self.other(model, ids, pos, cache)
-        return self.step.run(int(ids), int(pos))[0]
+        return self.step.run(int(ids), int(pos))
 
-    def greedy(self, logits: Tensor, pos: Tensor, n: int, stop: set[int]) -> Iterator[tuple[Tensor, Tensor]]:
-        """(token (1,), logits (1, V)) for up to n greedy tokens from the prompt's logits (1, V) and the
-        next position (1, 1), ending after a token in ``stop`` (EOS ids), as generation.generate's
-        loop yields them for one row: csrc/step.cpp returns each step's argmax with its logits, so no
-        torch op runs between two steps (at the toy shape each one cost 5-30 us a token: the step's
-        weight stream had evicted everything they touch)."""
+    def greedy(self, logits: Tensor, pos: Tensor, n: int, stop: set[int], scores: bool = False) -> Iterator:
+        """Up to n greedy tokens (1,) from the prompt's logits (1, V) and the next position (1, 1),
+        ending after a token in ``stop`` (EOS ids), as generation.generate's loop gives them for one
+        row; with ``scores`` (token, logits (1, V)) pairs. After the first, each is one call into
+        csrc/step.cpp's loop (``Greedy``), which chooses the token with the logits, so no Python
+        frame and no torch op run between two steps (at the toy shape a generator and the ops
+        between steps cost ~20 us a token: the step's weight stream had evicted all they touch)."""
         tok = logits.argmax(-1)  # (1,): the first index of the maximum, as the step's own
-        best, p = int(tok), int(pos)
-        yield tok, logits
-        for _ in range(n - 1):
-            if best in stop:
-                return
-            logits, tok, best = self.step.run(best, p)
-            p += 1
-            yield tok, logits
+        rest = (self.step.greedy_scores if scores else self.step.greedy)(int(tok), int(pos), n - 1, sorted(stop))
+        return itertools.chain(((tok, logits) if scores else tok,), rest)
 
 
 def takes(step, cache) -> bool:

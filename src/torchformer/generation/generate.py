@@ -51,10 +51,10 @@ class History:
         return process(logits, s, seen=self.seen, tokens=self.tokens[:, :n], valid=self.valid[:, :n])
 
 
-def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield (token (B,), processed logits (B, V)) per new token; the logits are what the token
-    was chosen from. Finished rows yield pad_token_id. Inference tensors, but for the native step's
-    (clone them to use them in autograd)."""
+def decode(model, req: Request, s: Sampling, generator, compiled: bool, scores: bool = False) -> Iterator:
+    """Yield each new token (B,), or with ``scores`` (token, processed logits (B, V)) pairs, the
+    logits what the token was chosen from; finished rows yield pad_token_id. The tokens are normal
+    tensors (the loop's cloned as they leave inference mode); the loop's logits inference ones."""
     with contextlib.ExitStack() as scope:
         with torch.inference_mode():
             # A batch's few-row products run over packed weights (fast/panels.py), freed at the end.
@@ -63,20 +63,22 @@ def decode(model, req: Request, s: Sampling, generator, compiled: bool) -> Itera
             step = loop_step(model, req.seq2seq, compiled, prefix.shape[0])
             native = s.greedy and not s.needs_history and native_step.takes(step, cache)
         if native:
-            # The native step's own loop (fast/native_step.py): each greedy token comes with its
-            # logits from one call, no torch op and no inference-mode switch between two steps
-            # (~5 us each at the toy shape); one row, so an EOS ends it.
+            # The native step's own loop (fast/native_step.py): one call a token, which chooses it
+            # too; no torch op, inference-mode switch or Python frame between two steps. One row,
+            # so an EOS ends it.
             stop = set() if req.eos is None else set(req.eos.tolist())
-            yield from step.greedy(logits.float(), pos, req.max_new_tokens, stop)
+            yield from step.greedy(logits.float(), pos, req.max_new_tokens, stop, scores)
         else:
-            yield from loop(model, req, s, generator, step, logits, cache, pos, prefix)
+            for tok, processed_logits in loop(model, req, s, generator, step, logits, cache, pos, prefix):
+                tok = tok.clone() if tok.is_inference() else tok
+                yield (tok, processed_logits) if scores else tok
 
 
 # inference_mode (not no_grad) skips autograd bookkeeping on every op: ~10-15% of an eager step
 # on CPU. It is active only while the generator runs, not in the caller's code between tokens.
 @torch.inference_mode()
 def loop(model, req: Request, s: Sampling, generator, step, logits: Tensor, cache, pos: Tensor, prefix: Tensor):
-    """``decode``'s loop over ``step`` from the prompt's logits."""
+    """``decode``'s loop over ``step`` from the prompt's logits: (token (B,), its logits (B, V))."""
     history = None
     if s.needs_history:
         mask = None if req.seq2seq else req.attention_mask
@@ -149,7 +151,7 @@ def open_decode(
     if k is not None:
         return req, SpeculativeStream(model, req, s, generator, bool(compile), draft_model, k)
     tokens = decode(model, req, s, generator, bool(compile))
-    return req, (tok.clone() if tok.is_inference() else tok for tok, _ in tokens)  # clone: a normal tensor
+    return req, tokens
 
 
 def generate(

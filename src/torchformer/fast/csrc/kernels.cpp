@@ -360,7 +360,7 @@ void attend_all(const Args<T>& args, int64_t B) {
       fn(args, task, scores.data(), mxbuf.data(), npad, ahead);
     }
   };
-  if (!team_chunks(B * args.K, tasks)) at::parallel_for(0, B * args.K, 1, tasks);
+  if (!team_static(B * args.K, tasks)) at::parallel_for(0, B * args.K, 1, tasks);
 }
 }  // namespace
 

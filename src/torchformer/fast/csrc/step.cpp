@@ -29,9 +29,13 @@
 
 #include "team.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 void panel_row(int64_t bits, const uint8_t* panels, const void* scale, bool half, int64_t N, int64_t K, int64_t G,
@@ -191,21 +195,21 @@ class DecoderStep {
     }
   }
 
-  // The logits (1, V) of `token` at `pos` (bf16 values, held in fp32) and their argmax (the first
-  // index of the maximum, as torch's) as a (1,) int64 tensor and as a number; the token's key and
-  // value written at slot pos. The tensor is made here, where torch.tensor([i]) in the caller's loop
-  // cost ~15 us a token at the toy shape (the step had evicted what it touches).
-  std::tuple<torch::Tensor, torch::Tensor, int64_t> run(int64_t token, int64_t pos) {
-    TORCH_CHECK(!caches.empty(), "DecoderStep: set_cache first");
-    TORCH_CHECK(token >= 0 && token < V, "DecoderStep: token ", token, " is outside the vocabulary of ", V);
-    TORCH_CHECK(pos >= 0 && pos < caches[0].size(2) && pos < cos.size(0), "DecoderStep: position ", pos,
-                " is outside the cache of ", caches[0].size(2), " slots");
-    const int T = std::max(1, at::get_num_threads());
-    if (static_cast<int>(own.size()) < T) own.resize(T);
-    // normal tensors, not inference ones: the caller hands them on as they are (no clone)
+  // The logits (1, V) of `token` at `pos` (bf16 values, held in fp32), the token's key and value
+  // written at slot pos: a normal tensor, not an inference one (the caller hands it on as it is).
+  torch::Tensor run(int64_t token, int64_t pos) {
+    check(token, pos);
     c10::InferenceMode normal(false);
     auto out = torch::empty({1, V}, torch::kFloat);
-    float* po = out.data_ptr<float>();
+    step(token, pos, out.data_ptr<float>());
+    return out;
+  }
+
+  // One step, its logits into po (V): their argmax (the first index of the maximum, as torch's).
+  int64_t step(int64_t token, int64_t pos, float* po) {
+    check(token, pos);
+    const int T = std::max(1, at::get_num_threads());
+    if (static_cast<int>(own.size()) < T) own.resize(T), tops.resize(T);
     // The team is the region's threads as OpenMP gives them (fewer than asked where it must).
 #pragma omp parallel num_threads(T)
     {
@@ -214,23 +218,18 @@ class DecoderStep {
       Member m{team.get(), omp_get_thread_num()};
       member = &m;
       forward(own[m.id], token, pos);
-      if (m.id == 0) values(head, logits.data(), 0, V, po);
+      choose(m, po);
       member = nullptr;
     }
-    int64_t best = 0;
-    Vec top(po[0]);
-    int64_t n = 0;
-    for (; n + Vec::size() <= V; n += Vec::size()) top = at::vec::maximum(top, Vec::loadu(po + n));
-    float lanes[Vec::size()], mx = po[0];
-    top.store(lanes);
-    for (float v : lanes) mx = std::max(mx, v);
-    for (; n < V; ++n) mx = std::max(mx, po[n]);
-    while (best < V && po[best] != mx) ++best;  // the first index of the maximum
-    if (best == V)  // a NaN maximum (no value equals it): torch's argmax takes the first NaN
-      for (best = 0; best < V - 1 && !std::isnan(po[best]);) ++best;
-    auto chosen = torch::empty({1}, torch::kLong);
-    chosen.data_ptr<int64_t>()[0] = best;
-    return {out, chosen, best};
+    return tops[0][0];
+  }
+
+  int64_t vocabulary() const { return V; }
+
+  // Logits of the step that ran last (greedy decoding keeps them here instead of a tensor a token).
+  float* scratch() {
+    last.resize(V);
+    return last.data();
   }
 
  private:
@@ -243,7 +242,54 @@ class DecoderStep {
   std::vector<Slots> slots;
   std::unique_ptr<Team> team;
   std::vector<Own> own;
-  std::vector<float> qkv, attn, o, gu, down, logits;  // the products' outputs, shared by the team
+  std::vector<float> qkv, attn, o, gu, down, logits, last;  // the products' outputs, shared by the team
+  std::vector<std::array<int64_t, 8>> tops;  // each member's argmax over its share (a line each)
+
+  void check(int64_t token, int64_t pos) const {
+    TORCH_CHECK(!caches.empty(), "DecoderStep: set_cache first");
+    TORCH_CHECK(token >= 0 && token < V, "DecoderStep: token ", token, " is outside the vocabulary of ", V);
+    TORCH_CHECK(pos >= 0 && pos < caches[0].size(2) && pos < cos.size(0), "DecoderStep: position ", pos,
+                " is outside the cache of ", caches[0].size(2), " slots");
+  }
+
+  // The head's values (bias, bf16) into po and their argmax, each member over its share of the
+  // vocabulary, then member 0 picks among the shares' (in order: the first index of the maximum).
+  // One thread alone took ~9 us a token at the toy shape (8,192 values, half of them from the other
+  // core's cache, then a second pass for the maximum).
+  void choose(const Member& m, float* po) {
+    const int T = team->threads;
+    const int64_t b = V * m.id / T, e = V * (m.id + 1) / T;
+    values(head, logits.data(), b, e - b, po + b);
+    tops[m.id][0] = b < e ? b + first_max(po + b, e - b) : -1;  // -1: an empty share (V < T)
+    team->wait();
+    if (m.id != 0) return;
+    int64_t best = -1;
+    for (int t = 0; t < T; ++t) {
+      const int64_t i = tops[t][0];
+      if (i >= 0 && (best < 0 || (!std::isnan(po[best]) && (std::isnan(po[i]) || po[i] > po[best])))) best = i;
+    }
+    tops[0][0] = best;
+  }
+
+  // The first index of the maximum of x[0, n) (n > 0), or of its first NaN (torch's argmax takes
+  // the first NaN; at::vec's maximum carries one, a scalar std::max would drop it).
+  static int64_t first_max(const float* x, int64_t n) {
+    Vec top(x[0]);
+    int64_t i = 0;
+    for (; i + Vec::size() <= n; i += Vec::size()) top = at::vec::maximum(top, Vec::loadu(x + i));
+    float lanes[Vec::size()], mx = x[0];
+    top.store(lanes);
+    bool nan = std::isnan(mx);
+    for (float v : lanes) nan |= std::isnan(v), mx = std::max(mx, v);
+    for (; i < n; ++i) nan |= std::isnan(x[i]), mx = std::max(mx, x[i]);
+    int64_t best = 0;
+    if (nan) {
+      while (!std::isnan(x[best])) ++best;
+    } else {
+      while (x[best] != mx) ++best;
+    }
+    return best;
+  }
 
   // x = RMSNorm(h) as nn/norms.py's RMSNorm in bf16: (h * rsqrt(mean(h^2) + eps)) rounded, times w, rounded.
   void norm(const float* h, const uint16_t* wp, float eps, float* x) const {
@@ -344,12 +390,64 @@ class DecoderStep {
   }
 };
 
+// A greedy decode over a step from the token `last` at `pos`: each next() runs the step on the last
+// token and gives the one it chose, a (1,) int64 tensor (with its logits (1, V) where Scores), up to
+// n of them, none after a token in `stop`. The whole loop between two tokens is this call
+// (fast/native_step.py: a Python generator and torch ops between two steps cost ~20 us a token at
+// the toy shape, where the step's weight stream had evicted everything they touch).
+template <bool Scores>
+class Greedy {
+ public:
+  using Out = std::conditional_t<Scores, std::tuple<torch::Tensor, torch::Tensor>, torch::Tensor>;
+  Greedy(DecoderStep& step, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop)
+      : step_(step), last_(last), pos_(pos), left_(n), stop_(std::move(stop)) {}
+
+  Out next() {
+    if (left_ <= 0 || std::find(stop_.begin(), stop_.end(), last_) != stop_.end()) throw pybind11::stop_iteration();
+    c10::InferenceMode normal(false);  // normal tensors: the caller hands them on as they are
+    torch::Tensor logits;
+    if constexpr (Scores) {
+      logits = torch::empty({1, step_.vocabulary()}, torch::kFloat);
+      last_ = step_.step(last_, pos_, logits.data_ptr<float>());
+    } else {
+      last_ = step_.step(last_, pos_, step_.scratch());
+    }
+    ++pos_, --left_;
+    auto tok = torch::empty({1}, torch::kLong);
+    tok.data_ptr<int64_t>()[0] = last_;
+    if constexpr (Scores) return {tok, logits};
+    else return tok;
+  }
+
+ private:
+  DecoderStep& step_;
+  int64_t last_, pos_, left_;
+  std::vector<int64_t> stop_;
+};
+
+template <bool Scores>
+void bind_greedy(pybind11::module& m, pybind11::class_<DecoderStep>& step, const char* name, const char* method) {
+  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
+  step.def(
+      method,
+      [](DecoderStep& s, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop) {
+        return Greedy<Scores>(s, last, pos, n, std::move(stop));
+      },
+      pybind11::keep_alive<0, 1>());  // the iterator keeps its step
+  pybind11::class_<Greedy<Scores>>(m, name)
+      .def("__iter__", [](Greedy<Scores>& g) -> Greedy<Scores>& { return g; },
+           pybind11::return_value_policy::reference_internal)
+      .def("__next__", &Greedy<Scores>::next, nogil());
+}
+
 }  // namespace
 
 void bind_step(pybind11::module& m) {
   using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
-  pybind11::class_<DecoderStep>(m, "DecoderStep")
-      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<double>>())
+  pybind11::class_<DecoderStep> step(m, "DecoderStep");
+  step.def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<double>>())
       .def("set_cache", &DecoderStep::set_cache)
       .def("run", &DecoderStep::run, nogil());
+  bind_greedy<false>(m, step, "Greedy", "greedy");
+  bind_greedy<true>(m, step, "GreedyScores", "greedy_scores");
 }

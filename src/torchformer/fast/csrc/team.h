@@ -66,6 +66,22 @@ void take_chunks(std::atomic<int64_t>& next, int64_t n, int64_t T, const F& body
   }
 }
 
+// In a team: body(b, e) over this member's equal share of the units [0, n) (none where n < the
+// team), then the team's barrier; true. Outside one: false, nothing run. For calls of equal units
+// too few to chunk (the attention's KV heads): a chunk of one or two heads at a time restarted the
+// attention's prefetch walk and its buffers at every chunk (~7 us a token at the toy shape's int4).
+template <class F>
+bool team_static(int64_t n, const F& body) {
+  Member* m = member;
+  if (!m) return false;
+  Team& t = *m->team;
+  ++m->turn;  // the call's counter goes unused; the calls after keep theirs
+  const int64_t b = n * m->id / t.threads, e = n * (m->id + 1) / t.threads;
+  if (b < e) body(b, e);
+  t.wait();
+  return true;
+}
+
 // In a team: body(b, e) over the units [0, n) in chunks off this call's counter, then the team's
 // barrier; true. Outside one: false, nothing run.
 template <class F>
