@@ -184,7 +184,8 @@ def test_small_panels_gather_into_huge_pages_and_decode_as_before(monkeypatch):
         backed += panels.nbytes if huge_kib(panels.data_ptr()) > 0 else 0
         if joint is not None:
             assert all(m.panels.data_ptr() >= panels.data_ptr() for m in joint.members)
-            assert all(m.panels.untyped_storage().data_ptr() == panels.untyped_storage().data_ptr() for m in joint.members)
+            storage = panels.untyped_storage().data_ptr()
+            assert all(m.panels.untyped_storage().data_ptr() == storage for m in joint.members)
             owner = next(o for o in model.modules() if getattr(o, "joint", None) is joint)
             assert joint.current(owner)
     assert total > 2 * HUGE_PAGE and backed >= total - HUGE_PAGE  # all but the arena's tail (4 KiB pages)

@@ -214,3 +214,20 @@ def test_the_token_iterator_gives_the_tokens_with_or_without_their_logits():
     pairs = list(decode(model, req, GREEDY, None, True, scores=True))
     assert len(plain) == 12 and not any(t.is_inference() for t in plain)
     assert torch.equal(torch.cat(plain), torch.cat([t for t, _ in pairs]))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_team_of_another_size_decodes_the_same(threads):
+    """Each thread's share of the heads (q/k/v rows and attention), of every product and of the
+    vocabulary follows the team's size: one thread does it all, three split four KV heads unevenly
+    (the team then shares the q/k/v product instead)."""
+    model = model_for("int4", kv_heads=4)
+    before = torch.get_num_threads()
+    eager_tok, eager_logits = run(model, False)
+    try:
+        torch.set_num_threads(threads)
+        tok, logits = run(model, True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(tok, eager_tok)
+    torch.testing.assert_close(logits, eager_logits, rtol=2**-7, atol=2**-7 * eager_logits.abs().amax().item())

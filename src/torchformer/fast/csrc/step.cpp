@@ -35,7 +35,6 @@
 #include <cstring>
 #include <memory>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 void panel_row(int64_t bits, const uint8_t* panels, const void* scale, bool half, int64_t N, int64_t K, int64_t G,
@@ -83,9 +82,16 @@ struct Proj {
   const void* sp = nullptr;
   const float* bp = nullptr;
   bool half = false;
+  int64_t rows_apart = 0;  // bytes from one 16 rows to the next: a bf16 weight's 16 rows, or one panel
   void point() {
     wp = w.data_ptr(), sp = scale.data_ptr();  // interleaved panels: an empty scale (they hold their scales)
     bp = bias.numel() ? bias.data_ptr<float>() : nullptr, half = scale.scalar_type() == at::kHalf;
+    rows_apart = bits == 16 ? 16 * K * 2 : w.numel() / ((N + 15) / 16);
+  }
+  // Whether rows [n0, n0 + n) can be multiplied on their own: whole panel groups (bf16: any rows).
+  bool splits_at(int64_t n0, int64_t n) const {
+    const int64_t unit = bits == 16 ? 1 : 16 * ways;
+    return n0 % unit == 0 && (n % unit == 0 || n0 + n == N);
   }
 };
 
@@ -171,6 +177,11 @@ class DecoderStep {
                 "DecoderStep: the token table must be contiguous bf16 (V, D) and the final norm's weight bf16 (D)");
     for (const Layer& layer : layers)
       TORCH_CHECK(vector_of(layer.attn_norm) && vector_of(layer.mlp_norm), "DecoderStep: a norm's weight must be bf16 (D)");
+    // Each KV head's q, k and v rows whole panel groups: each thread multiplies its heads' rows
+    // and attends over them with no barrier between (forward).
+    by_heads = true;
+    for (const Layer& layer : layers)
+      by_heads = by_heads && layer.qkv.splits_at(0, H / KH * E) && layer.qkv.splits_at(H * E, E);
     team = std::make_unique<Team>(5 * L + 1);
     qkv.resize((H + 2 * KH) * E), attn.resize(H * E), o.resize(D), gu.resize(2 * F), down.resize(D), logits.resize(V);
   }
@@ -234,6 +245,7 @@ class DecoderStep {
 
  private:
   int64_t D, H, KH, E, F, V, widest = 0;
+  bool by_heads = false;
   float scale, final_eps;
   torch::Tensor embed, final_norm, cos, sin;
   std::vector<Layer> layers;
@@ -316,6 +328,20 @@ class DecoderStep {
       panel_row(p.bits, static_cast<const uint8_t*>(p.wp), p.sp, p.half, p.N, p.K, p.G, p.ways, x, out, me.aligned);
     }
   }
+  // out[n0, n0 + n) = x W[n0, n0 + n)^T on this thread alone (whole panel groups: splits_at).
+  void project_rows(Own& me, const Proj& p, const float* x, int64_t n0, int64_t n, float* out) const {
+    Member* in_team = member;
+    member = nullptr;  // the kernels run their chunks here: inside the region, not shared
+    const uint8_t* w = static_cast<const uint8_t*>(p.wp) + n0 / 16 * p.rows_apart;
+    if (p.bits == 16) {
+      for (int64_t k = 0; k < p.K; ++k) me.xb[k] = bf16_bits(x[k]);
+      bf16_row(me.xb.data(), reinterpret_cast<const uint16_t*>(w) + n0 % 16 * p.K, n, p.K, out + n0);
+    } else {
+      panel_row(p.bits, w, p.sp, p.half, n, p.K, p.G, p.ways, x, out + n0, me.aligned);
+    }
+    member = in_team;
+  }
+
   // dst[0, n) = a product's outputs n0.. in the model's dtype, with its bias (nn: the projection's
   // output tensor).
   void values(const Proj& p, const float* out, int64_t n0, int64_t n, float* dst) const {
@@ -354,13 +380,31 @@ class DecoderStep {
     for (size_t l = 0; l < layers.size(); ++l) {
       const Layer& L = layers[l];
       norm(me.h.data(), L.attn_w, L.attn_eps, me.x.data());
-      project(me, L.qkv, me.x.data(), qkv.data());
       float* y = me.y.data();  // q, k, v as the model holds them
-      values(L.qkv, qkv.data(), 0, (H + 2 * KH) * E, y);
-      for (int64_t h = 0; h < H; ++h) rotate(y + h * E, me.q.data() + h * E);
+      int64_t k0 = 0, k1 = KH;  // the KV heads whose q, k, v this thread needs: all, or its own
+      const int T = member->team->threads;
+      if (by_heads && KH % T == 0) {
+        // The attention's tasks split the KV heads evenly (team.h team_static): this thread's heads'
+        // q, k and v rows, multiplied here, are all its tasks read, so no barrier comes between, and
+        // no value crosses to the other core's cache (where the heads split unevenly, one thread
+        // would multiply more rows: the team shares them all instead).
+        k0 = KH * member->id / T, k1 = KH * (member->id + 1) / T;
+        const int64_t G = H / KH, rows[3][2] = {{k0 * G * E, (k1 - k0) * G * E}, {(H + k0) * E, (k1 - k0) * E},
+                                               {(H + KH + k0) * E, (k1 - k0) * E}};
+        for (const auto& r : rows)
+          if (r[1] > 0) {
+            project_rows(me, L.qkv, me.x.data(), r[0], r[1], qkv.data());
+            values(L.qkv, qkv.data(), r[0], r[1], y + r[0]);
+          }
+        for (int64_t h = k0 * G; h < k1 * G; ++h) rotate(y + h * E, me.q.data() + h * E);
+      } else {
+        project(me, L.qkv, me.x.data(), qkv.data());
+        values(L.qkv, qkv.data(), 0, (H + 2 * KH) * E, y);
+        for (int64_t h = 0; h < H; ++h) rotate(y + h * E, me.q.data() + h * E);
+      }
       // this position's keys (rotated) and values, written into the cache by the attention's task
       // of each head, before it reads them
-      for (int64_t kh = 0; kh < KH; ++kh) {
+      for (int64_t kh = k0; kh < k1; ++kh) {
         float kr[128];
         rotate(y + (H + kh) * E, kr);
         const float* v = y + (H + KH + kh) * E;
@@ -394,40 +438,66 @@ class DecoderStep {
 // token and gives the one it chose, a (1,) int64 tensor (with its logits (1, V) where Scores), up to
 // n of them, none after a token in `stop`. The whole loop between two tokens is this call
 // (fast/native_step.py: a Python generator and torch ops between two steps cost ~20 us a token at
-// the toy shape, where the step's weight stream had evicted everything they touch).
+// the toy shape, where the step's weight stream had evicted everything they touch). For the same
+// reason the tokens' tensors (and their Python objects) are made up to POOL at a time, each a view
+// of one block: one made after a step took ~6 us there, everything it touches cold.
 template <bool Scores>
 class Greedy {
  public:
-  using Out = std::conditional_t<Scores, std::tuple<torch::Tensor, torch::Tensor>, torch::Tensor>;
+  static constexpr int64_t POOL = 64;
   Greedy(DecoderStep& step, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop)
       : step_(step), last_(last), pos_(pos), left_(n), stop_(std::move(stop)) {}
 
-  Out next() {
+  pybind11::object next() {  // called with the GIL, which the step releases
     if (left_ <= 0 || std::find(stop_.begin(), stop_.end(), last_) != stop_.end()) throw pybind11::stop_iteration();
-    c10::InferenceMode normal(false);  // normal tensors: the caller hands them on as they are
-    torch::Tensor logits;
     if constexpr (Scores) {
-      logits = torch::empty({1, step_.vocabulary()}, torch::kFloat);
-      last_ = step_.step(last_, pos_, logits.data_ptr<float>());
+      torch::Tensor tok, logits;
+      {
+        pybind11::gil_scoped_release nogil;
+        c10::InferenceMode normal(false);  // normal tensors: the caller hands them on as they are
+        logits = torch::empty({1, step_.vocabulary()}, torch::kFloat);
+        last_ = step_.step(last_, pos_, logits.data_ptr<float>());
+        tok = torch::empty({1}, torch::kLong);
+        tok.data_ptr<int64_t>()[0] = last_;
+      }
+      ++pos_, --left_;
+      return pybind11::cast(std::make_tuple(tok, logits));
     } else {
-      last_ = step_.step(last_, pos_, step_.scratch());
+      if (pool_.empty()) refill();
+      {
+        pybind11::gil_scoped_release nogil;
+        last_ = step_.step(last_, pos_, step_.scratch());
+      }
+      ++pos_, --left_;
+      *slots_.back() = last_;
+      slots_.pop_back();
+      pybind11::object tok = std::move(pool_.back());
+      pool_.pop_back();
+      return tok;
     }
-    ++pos_, --left_;
-    auto tok = torch::empty({1}, torch::kLong);
-    tok.data_ptr<int64_t>()[0] = last_;
-    if constexpr (Scores) return {tok, logits};
-    else return tok;
   }
 
  private:
+  // The next tokens' tensors, (1,) views of one (k,) block, last first (next() takes from the back).
+  void refill() {
+    const int64_t k = std::min(left_, POOL);
+    c10::InferenceMode normal(false);
+    auto block = torch::empty({k}, torch::kLong);
+    for (int64_t i = k - 1; i >= 0; --i) {
+      pool_.push_back(pybind11::cast(block.narrow(0, i, 1)));
+      slots_.push_back(block.data_ptr<int64_t>() + i);
+    }
+  }
+
   DecoderStep& step_;
   int64_t last_, pos_, left_;
   std::vector<int64_t> stop_;
+  std::vector<pybind11::object> pool_;
+  std::vector<int64_t*> slots_;
 };
 
 template <bool Scores>
 void bind_greedy(pybind11::module& m, pybind11::class_<DecoderStep>& step, const char* name, const char* method) {
-  using nogil = pybind11::call_guard<pybind11::gil_scoped_release>;
   step.def(
       method,
       [](DecoderStep& s, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop) {
@@ -437,7 +507,7 @@ void bind_greedy(pybind11::module& m, pybind11::class_<DecoderStep>& step, const
   pybind11::class_<Greedy<Scores>>(m, name)
       .def("__iter__", [](Greedy<Scores>& g) -> Greedy<Scores>& { return g; },
            pybind11::return_value_policy::reference_internal)
-      .def("__next__", &Greedy<Scores>::next, nogil());
+      .def("__next__", &Greedy<Scores>::next);
 }
 
 }  // namespace
