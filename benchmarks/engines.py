@@ -349,11 +349,11 @@ class Torchformer:
         x = self.torch.tensor(ids)
         self.kv = max(self.kv, self.cache_bytes(len(ids), len(ids[0]) + n - 1))
         t0 = time.perf_counter()
-        first, out = None, []
+        times, out = [], []
         for tok in self.tfm.stream(self.model, x, max_new_tokens=n, compile=self.compile):
-            first = first or time.perf_counter()
+            times.append(time.perf_counter())
             out.append(int(tok[0]))
-        return first - t0, (n - 1) * len(ids) / (time.perf_counter() - first), out
+        return rates(t0, times, time.perf_counter(), len(ids)) + (out,)
 
     def prefill(self, ids: list[list[int]], n: int) -> float:
         """The first token of a generate call sized like the others (a compiled step is never
@@ -485,11 +485,12 @@ class LlamaCpp:
         assert sum(map(len, ids)) <= self.n_batch, "the prompt batch must fit one llama_decode"
         t0 = time.perf_counter()
         nxt = self.step(ids, 0)
-        first, out = time.perf_counter(), [nxt[0]]
+        times, out = [time.perf_counter()], [nxt[0]]
         for k in range(1, n):
             nxt = self.step([[t] for t in nxt], len(ids[0]) + k - 1)
+            times.append(time.perf_counter())
             out.append(nxt[0])
-        return first - t0, (n - 1) * len(ids) / (time.perf_counter() - first), out
+        return rates(t0, times, time.perf_counter(), len(ids)) + (out,)
 
     def prefill(self, ids: list[list[int]], n: int) -> float:
         self.reset()
@@ -537,11 +538,11 @@ class CTranslate2:
     def generate(self, ids: list[list[int]], n: int) -> tuple[float, float, list[int]]:
         prompts = [[self.strings(t) for t in row] for row in ids]
         if len(ids) == 1:  # streamed: the first token's time is the prefill
-            t0, first, out = time.perf_counter(), None, []
+            t0, times, out = time.perf_counter(), [], []
             for step in self.gen.generate_tokens(prompts[0], max_length=n, sampling_topk=1, end_token=[]):
-                first = first or time.perf_counter()
+                times.append(time.perf_counter())
                 out.append(step.token_id)
-            return first - t0, (n - 1) / (time.perf_counter() - first), out
+            return rates(t0, times, time.perf_counter(), 1) + (out,)
         pre = self.prefill(ids, n)
         t0 = time.perf_counter()
         res = self.gen.generate_batch(
@@ -549,7 +550,7 @@ class CTranslate2:
         )
         total = time.perf_counter() - t0
         tok_s = (n - 1) * len(ids) / (total - pre) if total > pre else None  # a noisy prefill can exceed it
-        return pre, tok_s, [self.ids(s) for s in res[0].sequences[0]]
+        return pre, tok_s, None, [self.ids(s) for s in res[0].sequences[0]]
 
     def prefill(self, ids: list[list[int]], n: int) -> float:
         prompts = [[self.strings(t) for t in row] for row in ids]
@@ -561,12 +562,32 @@ class CTranslate2:
 RUNNERS = {"torchformer": Torchformer, "llama.cpp": LlamaCpp, "ctranslate2": CTranslate2}
 
 
+# Decode tokens after which a call's rate counts as steady (``rates``): the toy shape's weights lie in
+# the host's shared L3, which other tenants' traffic empties of them while a worker idles or prefills,
+# and the first tokens after read them back from DRAM. Measured (torchformer int4, a step bound to a
+# warm cache, 2026-12-07): 20 ms of a Python loop, a 1-thread product or page faults before a decode
+# added ~0.9-1.1 ms over its first 8 tokens (OMP_WAIT_POLICY=active: the same), none after.
+WARM_TOKENS = 8
+
+
+def rates(t0: float, times: list[float], end: float, rows: int) -> tuple[float, float, float | None]:
+    """(prefill s, decode tok/s, steady decode tok/s) of one call from its start ``t0``, the time each
+    new token (row 0's; a batch's step) was had, and its end: the prefill is the first token's
+    time, decode the tokens after it over theirs, steady the tokens after the first WARM_TOKENS of
+    those over theirs (None where there are too few)."""
+    n = len(times)
+    steady = (n - 1 - WARM_TOKENS) * rows / (end - times[WARM_TOKENS]) if n > 2 * WARM_TOKENS else None
+    return times[0] - t0, (n - 1) * rows / (end - times[0]), steady
+
+
 def measure_once(runner, spec: dict) -> dict:
     """One sample of every cell this worker owns."""
     out = {"batches": {}}
     for b in spec["batches"]:
-        pre, tok_s, tokens = runner.generate(prompt_ids(b, spec["prompts"][0], spec["vocab"]), spec["new_tokens"])
-        out["batches"][b] = {"prefill_ms": 1000 * pre, "tok_s": tok_s, "tokens": tokens[:16]}
+        pre, tok_s, steady, tokens = runner.generate(
+            prompt_ids(b, spec["prompts"][0], spec["vocab"]), spec["new_tokens"]
+        )
+        out["batches"][b] = {"prefill_ms": 1000 * pre, "tok_s": tok_s, "steady_tok_s": steady, "tokens": tokens[:16]}
     for length in spec["prompts"][1:]:  # longer prefills at batch 1
         out[f"prefill_{length}_ms"] = 1000 * runner.prefill(prompt_ids(1, length, spec["vocab"]), spec["new_tokens"])
     out["rss_mb"] = peak_rss_mb()
@@ -770,7 +791,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
         + "".join(f"prefill {p} (ms, batch 1) | " for p in long)
         + "decode tok/s | decode vs llama.cpp | "
         + "".join(f"prefill {p} vs llama.cpp | " for p in long)
-        + "MB read / step | GB/s | of bound | peak RSS (MiB) | warm-up (s) | load |"
+        + f"MB read / step | GB/s | of bound | of bound after {WARM_TOKENS} tokens | "
+        + "peak RSS (MiB) | warm-up (s) | load |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for b in args.batches:
@@ -787,7 +809,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             lines.append(
                 f"| {FORMAT_LABEL[r['format']]} | {r['system']} | {b} | {c['prefill_ms']:.0f} | {long_cells}"
                 f"{c['tok_s'] or float('nan'):.1f} | {ratio(c['tok_s'], pc['tok_s']) if pc else '-'} | {long_ratio}"
-                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {of_bound(r, b, bound):.0%} | {c['rss_mb']:.0f} | "
+                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {of_bound(r, b, bound):.0%} | "
+                f"{of_bound(r, b, bound, 'steady_tok_s'):.0%} | {c['rss_mb']:.0f} | "
                 f"{r['warmup_s']:.0f} | {c['load']:.1f} |"
             )
     return "\n".join(lines)
@@ -815,13 +838,14 @@ def memory_notes(rows: list[dict]) -> list[str]:
             + "; ".join(parts)]  # fmt: skip
 
 
-def of_bound(row: dict, batch: int, bound: float) -> float:
+def of_bound(row: dict, batch: int, bound: float, key: str = "tok_s") -> float:
     """The row's weight reads over the streaming bound at ``batch``: the median over rounds of each
-    round's GB/s over the bound read around it (``measure_format``); ``bound`` for samples without one."""
+    round's GB/s (from ``key``: the decode rate, or the steady one) over the bound read around it
+    (``measure_format``); ``bound`` for samples without one."""
     fractions = sorted(
         row["bytes"] * t / batch / 1e9 / s.get("bound", bound)
         for s in row["samples"]
-        if (t := s["batches"][str(batch)].get("tok_s"))
+        if (t := s["batches"][str(batch)].get(key))
     )
     return statistics.median(fractions) if fractions else float("nan")
 
@@ -1141,7 +1165,9 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         f"read just before and just after each row's turn in every round): {min(readings):.1f}-{bound:.1f} GB/s over "
         "the run; GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens) in the row's best "
         "round; of bound = the median over the rounds of the row's GB/s over the mean of the two readings around "
-        "its turn",
+        f"its turn; after {WARM_TOKENS} tokens: the same from the decode rate of the tokens after the first "
+        f"{WARM_TOKENS} decoded (the bound is a warm read; the first tokens after a prefill or an idle spell re-read "
+        "weights the host's shared L3 lost meanwhile: WARM_TOKENS)",
         "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
         "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
         f"load: the lowest 1-minute load average read after the row's rounds (the measured worker itself adds up "

@@ -56,8 +56,8 @@ def test_each_row_says_the_lowest_load_its_rounds_ran_at():
     lowest over its rounds, next to its best speed."""
 
     def row(system: str, engine: str, speeds: list[float], loads: list[float]) -> dict:
-        samples = [{"batches": {"1": {"prefill_ms": 10.0, "tok_s": v, "tokens": [1, 2]}}, "rss_mb": 100.0, "load": ld}
-                   for v, ld in zip(speeds, loads)]  # fmt: skip
+        samples = [{"batches": {"1": {"prefill_ms": 10.0, "tok_s": v, "steady_tok_s": v, "tokens": [1, 2]}},
+                    "rss_mb": 100.0, "load": ld} for v, ld in zip(speeds, loads)]  # fmt: skip
         return {"system": system, "format": "int8", "engine": engine, "bytes": 1e6, "warmup_s": 1.0, "samples": samples}
 
     rows = [row("torchformer int8 compiled", "torchformer", [90.0, 100.0], [3.25, 1.5]),
@@ -68,6 +68,19 @@ def test_each_row_says_the_lowest_load_its_rounds_ran_at():
     ours, theirs = lines[2], lines[3]
     assert ours.endswith("| 1.5 |") and "| 100.0 | 0.50x |" in ours
     assert theirs.endswith("| 2.5 |") and "| 200.0 |" in theirs
+
+
+def test_decode_rates_and_the_steady_one_after_the_first_tokens():
+    """A call's prefill is its first token's time, its decode rate the tokens after that over their
+    time, its steady rate the same after the first WARM_TOKENS decoded tokens (the first ones after
+    an idle spell re-read weights the host's L3 lost); too few tokens give no steady rate."""
+    w = engines.WARM_TOKENS
+    times = [1.0 + 0.5 * i for i in range(w + 1)] + [1.0 + 0.5 * w + 0.1 * i for i in range(1, 11)]
+    prefill, tok_s, steady = engines.rates(0.5, times, times[-1], rows=2)
+    assert prefill == 0.5
+    assert abs(tok_s - (len(times) - 1) * 2 / (times[-1] - 1.0)) < 1e-9
+    assert abs(steady - 10 * 2 / 1.0) < 1e-9  # the 10 tokens after the slow ones, 0.1 s each
+    assert engines.rates(0.0, times[: 2 * w], times[2 * w - 1], rows=1)[2] is None
 
 
 def test_padded_tokenizer_has_every_id_and_still_round_trips():
