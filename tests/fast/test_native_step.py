@@ -231,3 +231,16 @@ def test_a_team_of_another_size_decodes_the_same(threads):
         torch.set_num_threads(before)
     assert torch.equal(tok, eager_tok)
     torch.testing.assert_close(logits, eager_logits, rtol=2**-7, atol=2**-7 * eager_logits.abs().amax().item())
+
+
+@pytest.mark.skipif(not DOT_UNITS, reason="bf16 weights take the native step only with AVX512-BF16")
+@pytest.mark.parametrize("d_model", [192, 512])
+def test_head_sizes_off_and_on_the_bf16_units_scores_decode_as_eager(d_model):
+    """The attention's scores take the bf16 units where the head size is a multiple of 32 (128 here),
+    widened keys and FMAs otherwise (48): both give eager's tokens."""
+    model = model_for("bf16", kv_heads=2, d_model=d_model)
+    assert planned(model) is not None
+    tok, logits = run(model, True)
+    eager_tok, eager_logits = run(model, False)
+    assert torch.equal(tok, eager_tok)
+    torch.testing.assert_close(logits, eager_logits, rtol=2**-7, atol=2**-7 * eager_logits.abs().amax().item())

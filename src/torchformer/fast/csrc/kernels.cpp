@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -154,6 +155,8 @@ torch::Tensor panel_mm(const torch::Tensor& x, const torch::Tensor& wp, int64_t 
 // templated on the head size so q and the output accumulator live in registers and 16 keys'
 // dots are summed together (reduce16) rather than one horizontal sum per key; other shapes take
 // the generic loop.
+bool has_bf16_units();  // bf16.cpp
+
 namespace {
 
 // 128 lines = 8 KB ahead, into L2 (T1). Measured cold at B=8, H=K=8, n=75 (us per layer, best of
@@ -243,12 +246,26 @@ struct Args {
   // One row's new key and value per KV head (K, E) each, written at slot n - 1 by the task that
   // reads that head, before it reads (attend_row; null elsewhere): no barrier between write and read.
   const T *knew = nullptr, *vnew = nullptr;
+  // q's values are bf16 values held in fp32 (the native step rounds them): the scores may take
+  // `vdpbf16ps` over q and bf16 keys (attend's DP), the same products summed in another order.
+  bool bf16_q = false;
 };
+
+// attend's scores on the bf16 units (`vdpbf16ps`, AVX512-BF16): the whole function takes the target
+// so its DP copies can use them; its other copies use none of its instructions.
+#if defined(__AVX512F__)
+#define BF16_UNITS __attribute__((target("avx512bf16")))
+#else
+#define BF16_UNITS
+#endif
 
 // One (row, KV head) task, E == Ev, NV = ceil(E / 16) vectors (the last masked when E % 16):
 // q and the output accumulators in registers. scores: G rows of npad floats; mxbuf: G x 16.
-template <int NV, class T>
-void attend(const Args<T>& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead<T>& ahead) {
+// DP (bf16 keys, bf16 q: Args.bf16_q, E a multiple of 32): each key's dot product 32 pairs at a time
+// on the bf16 units instead of widened keys and FMAs (~7 ns a key and head at the toy shape's
+// E = 64 on one thread, the attention's compute then ~1/10 of a native int4 step).
+template <int NV, class T, bool DP = false>
+BF16_UNITS void attend(const Args<T>& a, int64_t task, float* scores, float* mxbuf, int64_t npad, Ahead<T>& ahead) {
   const int64_t b = task / a.K, kh = task % a.K, n = a.n, G = a.G;
   const T* kb = a.kp + b * a.ks0 + kh * a.ks1;
   const T* vb = a.vp + b * a.vs0 + kh * a.vs1;
@@ -265,14 +282,29 @@ void attend(const Args<T>& a, int64_t task, float* scores, float* mxbuf, int64_t
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = kh * G + g;
       const float* qh = a.qp + b * a.qs0 + h * a.qs1;
-      w16f qv[NV];
-      for (int e = 0; e < NV; ++e) qv[e] = load(qh, e);
       w16f d[16];  // 16 independent chains: no FMA waits on the one before
-      for (int s = 0; s < 16; ++s) {
-        const T* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
-        w16f t = w16_mul_ps(qv[0], load_kv(kj, 0));
-        for (int e = 1; e < NV; ++e) t = w16_fmadd_ps(qv[e], load_kv(kj, e), t);
-        d[s] = t;
+#if defined(__AVX512F__)
+      if constexpr (DP) {
+        static_assert(NV % 2 == 0 && std::is_same_v<T, uint16_t>, "attend: DP takes bf16 keys of 32 x E");
+        __m512bh qb[NV / 2];  // q as bf16 pairs, exactly (its values are bf16's)
+        for (int c = 0; c < NV / 2; ++c) qb[c] = _mm512_cvtne2ps_pbh(load(qh, 2 * c + 1), load(qh, 2 * c));
+        for (int s = 0; s < 16; ++s) {
+          const T* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
+          __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), qb[0], (__m512bh)_mm512_loadu_si512(kj));
+          for (int c = 1; c < NV / 2; ++c) t = _mm512_dpbf16_ps(t, qb[c], (__m512bh)_mm512_loadu_si512(kj + 32 * c));
+          d[s] = t;
+        }
+      } else
+#endif
+      {
+        w16f qv[NV];
+        for (int e = 0; e < NV; ++e) qv[e] = load(qh, e);
+        for (int s = 0; s < 16; ++s) {
+          const T* kj = kb + std::min<int64_t>(j0 + s, n - 1) * a.ks2;  // past n: key n-1 again (masked off)
+          w16f t = w16_mul_ps(qv[0], load_kv(kj, 0));
+          for (int e = 1; e < NV; ++e) t = w16_fmadd_ps(qv[e], load_kv(kj, e), t);
+          d[s] = t;
+        }
       }
       w16f sv = w16_mul_ps(w16_reduce16(d), w16_set1_ps(a.sc));
       if (a.tp) {
@@ -340,11 +372,26 @@ using AttendFn = void (*)(const Args<T>&, int64_t, float*, float*, int64_t, Ahea
 template <class T>
 constexpr AttendFn<T> ATTEND[9] = {nullptr, attend<1, T>, attend<2, T>, attend<3, T>, attend<4, T>,
                                   attend<5, T>, attend<6, T>, attend<7, T>, attend<8, T>};
+#if defined(__AVX512F__)
+constexpr AttendFn<uint16_t> ATTEND_DP[9] = {nullptr, nullptr, attend<2, uint16_t, true>, nullptr,
+                                            attend<4, uint16_t, true>, nullptr, attend<6, uint16_t, true>,
+                                            nullptr, attend<8, uint16_t, true>};
+#endif
+
+// The copy of attend for these arguments: on the bf16 units where they apply (DP).
+template <class T>
+AttendFn<T> attend_fn(const Args<T>& args) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, uint16_t>)
+    if (args.bf16_q && args.E % 32 == 0 && args.E == args.Ev && has_bf16_units()) return ATTEND_DP[args.E / 16];
+#endif
+  return ATTEND<T>[(args.E + 15) / 16];
+}
 
 // The register-resident path for keys and values of element type T (fp32, or bf16 as uint16_t).
 template <class T>
 void attend_all(const Args<T>& args, int64_t B) {
-  const AttendFn<T> fn = ATTEND<T>[(args.E + 15) / 16];
+  const AttendFn<T> fn = attend_fn(args);
   const int64_t npad = (args.n + 15) / 16 * 16;
   auto tasks = [&](int64_t begin, int64_t end) {
     std::vector<float> scores(args.G * npad), mxbuf(args.G * 16);
@@ -372,7 +419,7 @@ void attend_row(const float* q, int64_t H, const uint16_t* k, const uint16_t* v,
                 int64_t ks2, int64_t vs1, int64_t vs2, const uint16_t* knew, const uint16_t* vnew, int64_t n, float scale,
                 float* out) {
   Args<uint16_t> args{q, k, v, nullptr, out, H * E, E, 0, ks1, ks2, 0, vs1, vs2, 0, 0, 0, H, K, H / K, E, E, n, scale};
-  args.knew = knew, args.vnew = vnew;
+  args.knew = knew, args.vnew = vnew, args.bf16_q = true;
   attend_all<uint16_t>(args, 1);
 }
 
