@@ -20,8 +20,9 @@ compiled step (``plan`` returns None and says why at debug level). ``TORCHFORMER
 turns it off.
 
 Numerics: the eager model's bf16 rounding points and the same product kernels (csrc/step.cpp); sums
-in another order (the norms' means), so greedy tokens equal the eager model's and logits agree to
-bf16's rounding, not always bit for bit (tests/fast/test_native_step.py).
+in another order (the norms' means, the attention's scores on the bf16 units), so greedy tokens
+equal the eager model's and logits agree to bf16's rounding, not always bit for bit
+(tests/fast/test_native_step.py).
 """
 
 from __future__ import annotations
