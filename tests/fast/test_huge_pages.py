@@ -151,20 +151,6 @@ def small_panel_model(layers: int = 3):
     return model
 
 
-def holders(model):
-    """(panel buffer holder, its joint or None): each joint's fused twin and every twin outside one."""
-    from torchformer.fast.joint import JointOwner, PanelJoint
-    from torchformer.fast.quant_panels import PanelLinear
-
-    out, members = [], set()
-    for m in model.modules():
-        joint = getattr(m, "joint", None) if isinstance(m, JointOwner) else None
-        if isinstance(joint, PanelJoint):
-            out.append((joint.fused, joint))
-            members.update(id(x) for x in joint.members)
-    return out + [(m, None) for m in model.modules() if isinstance(m, PanelLinear) and id(m) not in members]
-
-
 @pytest.mark.skipif(not formats.ops_ready(), reason="the CPU kernels are not built here")
 @pytest.mark.skipif(not thp_on, reason="needs Linux with transparent huge pages (madvise or always)")
 def test_small_panels_gather_into_huge_pages_and_decode_as_before(monkeypatch):
@@ -174,7 +160,7 @@ def test_small_panels_gather_into_huge_pages_and_decode_as_before(monkeypatch):
     moved buffer and the joint stays current, the next scope moves nothing, and decoding gives the
     tokens of the same model built with huge pages off."""
     model = small_panel_model()
-    found = holders(model)
+    found = formats.panel_holders(model)
     assert len(found) == 3 * 4 + 1  # per layer q/k/v and gate/up joints, o and down; the head
     backed = total = 0
     for holder, joint in found:
@@ -192,7 +178,7 @@ def test_small_panels_gather_into_huge_pages_and_decode_as_before(monkeypatch):
     assert formats.gather_panels(model) == 0  # the next scope's prepare moves nothing
     monkeypatch.setenv("TORCHFORMER_HUGE_PAGES", "0")
     plain = small_panel_model()
-    assert all("panels" not in getattr(h, "in_arena", {}) for h, _ in holders(plain))
+    assert all("panels" not in getattr(h, "in_arena", {}) for h, _ in formats.panel_holders(plain))
     ids = torch.randint(0, 1024, (1, 7), generator=torch.Generator().manual_seed(1))
     for compiled in (False, True):
         want = tfm_generate(plain, ids, compiled)

@@ -1,4 +1,4 @@
-"""Joint bf16 projections (fast/joint.py ``Bf16Joint``): an attention's q/k/v and a gated MLP's
+"""Joint bf16 projections (fast/bf16_joint.py ``Bf16Joint``): an attention's q/k/v and a gated MLP's
 gate/up ``Bf16Linear``s run as one product over their weights laid end to end. Over the grid: the
 joint model's outputs equal, bit for bit, the same model's with each member's own product, and every
 group of plain bf16 members is joint. The joint weight is a window onto the members' own bytes (a
@@ -15,8 +15,9 @@ import torchformer as tfm
 from tests.fast.test_joint import apart, joint_and_apart, joints
 from tests.grid import build, forward, params, variants
 from torchformer.fast import bf16 as fast_bf16
-from torchformer.fast import formats, joint
-from torchformer.fast.joint import OWNERS, Bf16Joint
+from torchformer.fast import bf16_joint, formats
+from torchformer.fast.bf16_joint import Bf16Joint
+from torchformer.fast.joint import OWNERS
 from torchformer.nn.attention import Attention
 from torchformer.nn.linear import Linear
 from torchformer.nn.mlp import GatedMLP
@@ -73,7 +74,7 @@ def test_each_route_gives_the_members_own_outputs_and_only_the_kernels_run_joint
         seen.append(w.shape[0])
         return product(x, w)
 
-    monkeypatch.setattr(joint, "bf16_product", spy)
+    monkeypatch.setattr(bf16_joint, "bf16_product", spy)
     x = torch.randn(rows, model.config.d_model).to(dtype)
     with torch.inference_mode():
         together = attn.project(x)

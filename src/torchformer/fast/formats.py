@@ -12,15 +12,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..host_memory import HUGE_PAGE, file_mappings, in_file_mapping
+from ..host_memory import HUGE_PAGE, file_mappings, in_file_mapping, trim
 from ..host_memory import release_mapped as release_mapped_pages
 from ..nn.linear import Linear
 from ..nn.quant import Int4Linear, Int8Linear, QuantLinear
 from ..nn.quant_min import Int4MinLinear
 from .bf16 import Bf16Linear
+from .bf16_joint import Bf16Joint, bf16_groups, bf16_joinable
 from .int4_panels import Int4MinPanels, Int4Panels
 from .int8_panels import Int8Panels
-from .joint import JOINED, JointOwner, PanelJoint, bf16_groups, join
+from .joint import JOINED, OWNERS, JointOwner, PanelJoint, base_class, joinable, twin_class
 from .panels import huge_arena
 from .quant_panels import PanelLinear, ops_ready
 
@@ -77,7 +78,7 @@ def stream_mapped_bf16(model: nn.Module) -> int:
     pages given back once copied: the process holds one copy and at most a chunk twice (the 1B
     shape's tied table whole: +440 MiB of peak). The same Parameters, their values unchanged (a tied
     table's embedding reads the copy too); a weight already in memory stays where it is. The
-    members of each group ``join`` makes one product of (fast/joint.py ``bf16_groups``: q/k/v,
+    members of each group ``join`` makes one product of (fast/bf16_joint.py ``bf16_groups``: q/k/v,
     gate/up) come end to end, so that their joint weight is their own bytes, not a copy. Returns
     the bytes moved."""
     candidates = {id(m.weight): m.weight for m in model.modules() if isinstance(m, Bf16Linear)}  # tied: once
@@ -114,6 +115,49 @@ def move_into_arena(weights: list[Tensor], inference: bool, mappings) -> int:
     return sum(w.numel() * w.element_size() for w in weights) if arena else 0
 
 
+def join(model: nn.Module) -> int:
+    """Join each owner's members where they fit, again where a joint went stale, and let an owner
+    whose members no longer fit go back to its own products. Returns how many groups are joint."""
+    joined = 0
+    for module in model.modules():
+        base = base_class(module)
+        if base is None:
+            continue
+        names = OWNERS[base][1]
+        if isinstance(module, JointOwner) and module.joint is not None and module.joint.current(module):
+            joined += 1
+            continue
+        members = [getattr(module, n, None) for n in names]
+        kind = PanelJoint if joinable(members) else Bf16Joint if bf16_joinable(members) else None
+        if kind is None:
+            if isinstance(module, JointOwner) and module.joint is not None:
+                module.joint.unshare()
+                module.joint = None
+            continue
+        module.__class__ = twin_class(base)
+        module.joint = kind(module, names)
+        joined += 1
+        # The members' own buffers, freed as the group moved into its joint one, would stay in
+        # glibc's free lists, and the next group's buffer would not fit their holes. Measured, the
+        # 1B shape in int8 (resident after load / peak): without joints 1458 / 1496 MB; joined
+        # 1701 / 1701; trimmed once at the end 1458 / 1838; trimmed after each group 1458 / 1496.
+        trim()
+    return joined
+
+
+def panel_holders(model: nn.Module) -> list[tuple[PanelLinear, PanelJoint | None]]:
+    """The modules whose buffers hold ``model``'s panels, each with its joint: every current
+    ``PanelJoint``'s fused twin (its members view its buffers), then every panel twin outside one."""
+    holders: list[tuple[PanelLinear, PanelJoint | None]] = []
+    in_joints: set[int] = set()
+    for module in model.modules():
+        joint = getattr(module, "joint", None) if isinstance(module, JointOwner) else None
+        if isinstance(joint, PanelJoint) and joint.current(module):
+            holders.append((joint.fused, joint))
+            in_joints.update(id(m) for m in joint.members)
+    return holders + [(m, None) for m in model.modules() if isinstance(m, PanelLinear) and id(m) not in in_joints]
+
+
 def gather_panels(model: nn.Module) -> int:
     """Move the panels and scales the kernels stream whole every decode step that could not have
     huge pages of their own (each under one: fast/panels.py ``stream_zeros``; a small model's, the
@@ -124,16 +168,8 @@ def gather_panels(model: nn.Module) -> int:
     took 295 against 313 us (one process, the two alternated eight times, medians; the Intel Xeon
     of fast-paths.md). What an earlier call moved stays (``in_arena`` says what it placed; a
     buffer replaced since, by a load into it, moves again). Returns the bytes moved."""
-    holders: list[tuple[PanelLinear, PanelJoint | None]] = []
-    in_joints: set[int] = set()
-    for module in model.modules():
-        joint = getattr(module, "joint", None) if isinstance(module, JointOwner) else None
-        if isinstance(joint, PanelJoint) and joint.current(module):
-            holders.append((joint.fused, joint))
-            in_joints.update(id(m) for m in joint.members)
-    holders += [(m, None) for m in model.modules() if isinstance(m, PanelLinear) and id(m) not in in_joints]
     moves = []  # (holder, its joint, buffer name, the buffer)
-    for holder, joint in holders:
+    for holder, joint in panel_holders(model):
         placed = holder.__dict__.setdefault("in_arena", {})
         for name in JOINED:
             t = holder._buffers.get(name)
@@ -160,7 +196,7 @@ def prepare(model: nn.Module, release_mapped: bool = False) -> int:
     ``Bf16Linear`` where the kernels run (``prepared``, one module at a time, so a panel copy
     never waits for the others), moves the bf16 weights a loader mapped into huge pages
     (``stream_mapped_bf16``), then joins the panel twins of each attention's q/k/v and each gated
-    MLP's gate/up (fast/joint.py, again where a load or cast since left a joint stale); returns how
+    MLP's gate/up (``join``, again where a load or cast since left a joint stale); returns how
     many were swapped (module docstring). Idempotent; a no-op without the kernels."""
     names = [name for name, m in model.named_modules() if fits(m) is not None]
     for name in names:
@@ -168,6 +204,6 @@ def prepare(model: nn.Module, release_mapped: bool = False) -> int:
         owner = model.get_submodule(parent) if parent else model
         setattr(owner, leaf, prepared(getattr(owner, leaf), release_mapped))
     stream_mapped_bf16(model)  # mapped bf16 weights into huge pages
-    join(model)  # q/k/v and gate/up panel twins as one product each (fast/joint.py)
+    join(model)  # q/k/v and gate/up twins as one product each (fast/joint.py, fast/bf16_joint.py)
     gather_panels(model)  # the small ones' panels into huge pages
     return len(names)

@@ -6,9 +6,9 @@ Measured at the toy shape (6 layers, hidden 512, int4 g64, 2 threads, the Intel 
 perf over the decode loop only): a compiled step took ~0.49 ms and the loop ~0.63 ms a token, of
 which the 25 products took ~0.30 (called back to back through the dispatcher); the second thread
 spun 62% of the time, and the first spent ~40% outside the kernels (the dispatcher, allocations,
-the graph's glue kernels, the Python loop). With this step ~0.35 ms a token (int8 0.86 -> 0.56 ms,
-bf16 1.22 -> 0.93); at the 1B shape int4 36.4 -> 40.8 tok/s, 82% -> 90% of the streaming bound
-(benchmarks/RESULTS.md, the engines tables).
+the graph's glue kernels, the Python loop). With this step ~0.30-0.33 ms a token (int8 0.86 ->
+0.51-0.56 ms, bf16 1.22 -> 0.94-0.98); at the 1B shape int4 36.4 -> 40.8 tok/s, 82% -> 90% of the
+streaming bound (benchmarks/RESULTS.md, the engines tables).
 
 Taken (``plan``) where every part of the model is one the native step computes exactly as the
 model does: a ``DecoderLM`` on the CPU in bf16, pre-norm blocks of ``RMSNorm`` -> attention with
@@ -41,9 +41,10 @@ from ..nn.mlp import GatedMLP, silu_times
 from ..nn.norms import RMSNorm
 from ..nn.positions import RotaryTable, rotate_half
 from .bf16 import DOT_UNITS, Bf16Linear
+from .bf16_joint import Bf16Joint
 from .int4_panels import Int4Panels
 from .int8_panels import Int8Panels
-from .joint import Bf16Joint, PanelJoint, base_class
+from .joint import PanelJoint, base_class
 from .native import kernels
 
 log = logging.getLogger(__name__)

@@ -193,7 +193,7 @@ class DecoderStep {
     for (const Layer& layer : layers)
       by_halves = by_halves && layer.gate_up.splits_at(0, mlp_unit) && layer.gate_up.splits_at(F, mlp_unit);
     team = std::make_unique<Team>(5 * L + 1);
-    qkv.resize((H + 2 * KH) * E), attn.resize(H * E), o.resize(D), gu.resize(2 * F), act.resize(F), down.resize(D), logits.resize(V);
+    qkv.resize((H + 2 * KH) * E), attn.resize(H * E), o.resize(D), gu.resize(2 * F), act.resize(F), down.resize(D), logits.resize(V), last.resize(V);
   }
 
   // The cache this step writes and reads: per layer k, v (1, KH, S, E) in the model's dtype, and the
@@ -219,7 +219,6 @@ class DecoderStep {
   // The logits (1, V) of `token` at `pos` (bf16 values, held in fp32), the token's key and value
   // written at slot pos: a normal tensor, not an inference one (the caller hands it on as it is).
   torch::Tensor run(int64_t token, int64_t pos) {
-    check(token, pos);
     c10::InferenceMode normal(false);
     auto out = torch::empty({1, V}, torch::kFloat);
     step(token, pos, out.data_ptr<float>());
@@ -248,10 +247,7 @@ class DecoderStep {
   int64_t vocabulary() const { return V; }
 
   // Logits of the step that ran last (greedy decoding keeps them here instead of a tensor a token).
-  float* scratch() {
-    last.resize(V);
-    return last.data();
-  }
+  float* scratch() { return last.data(); }
 
  private:
   int64_t D, H, KH, E, F, V, widest = 0;
@@ -281,7 +277,7 @@ class DecoderStep {
   // core's cache, then a second pass for the maximum).
   void choose(const Member& m, float* po) {
     const int T = team->threads;
-    const int64_t b = V * m.id / T, e = V * (m.id + 1) / T;
+    const auto [b, e] = share(V, m.id, T);
     values(head, logits.data(), b, e - b, po + b);
     tops[m.id][0] = b < e ? b + first_max(po + b, e - b) : -1;  // -1: an empty share (V < T)
     team->wait();
@@ -341,7 +337,7 @@ class DecoderStep {
   }
   // dst[f] = silu(g_f) * u_f for f in [f0, f1) as the model rounds them (silu(g), then the product),
   // from y: g at [0, F), u at [F, 2F), in the model's dtype.
-  static void gated(const float* y, int64_t f0, int64_t f1, float* dst, int64_t F) {
+  void gated(const float* y, int64_t f0, int64_t f1, float* dst) const {
     int64_t f = f0;
     for (; f + Vec::size() <= f1; f += Vec::size()) {
       const Vec g = Vec::loadu(y + f);
@@ -350,7 +346,6 @@ class DecoderStep {
     for (; f < f1; ++f) dst[f] = y[f] / (1.f + std::exp(-y[f]));
     for (f = f0; f < f1; ++f) dst[f] = bf16(bf16(dst[f]) * y[F + f]);
   }
-  void gated(const float* y, int64_t f0, int64_t f1, float* dst) const { gated(y, f0, f1, dst, F); }
 
   // Where member t's share of the MLP's width starts (t = the team's size: its end): whole panel
   // groups of the joint gate/up product (mlp_unit), as even as they allow.
@@ -419,7 +414,7 @@ class DecoderStep {
         // q, k and v rows, multiplied here, are all its tasks read, so no barrier comes between, and
         // no value crosses to the other core's cache (where the heads split unevenly, one thread
         // would multiply more rows: the team shares them all instead).
-        k0 = KH * member->id / T, k1 = KH * (member->id + 1) / T;
+        std::tie(k0, k1) = share(KH, member->id, T);
         const int64_t G = H / KH, rows[3][2] = {{k0 * G * E, (k1 - k0) * G * E}, {(H + k0) * E, (k1 - k0) * E},
                                                {(H + KH + k0) * E, (k1 - k0) * E}};
         for (const auto& r : rows)

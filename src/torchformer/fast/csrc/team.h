@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 struct Team {
@@ -66,6 +67,10 @@ void take_chunks(std::atomic<int64_t>& next, int64_t n, int64_t T, const F& body
   }
 }
 
+// Member id's share [b, e) of n units split evenly among T (empty where n < T): team_static's, and
+// what a step computes ahead for the share a team_static call will take (step.cpp).
+inline std::pair<int64_t, int64_t> share(int64_t n, int id, int T) { return {n * id / T, n * (id + 1) / T}; }
+
 // In a team: body(b, e) over this member's equal share of the units [0, n) (none where n < the
 // team), then the team's barrier; true. Outside one: false, nothing run. For calls of equal units
 // too few to chunk (the attention's KV heads): a chunk of one or two heads at a time restarted the
@@ -76,7 +81,7 @@ bool team_static(int64_t n, const F& body) {
   if (!m) return false;
   Team& t = *m->team;
   ++m->turn;  // the call's counter goes unused; the calls after keep theirs
-  const int64_t b = n * m->id / t.threads, e = n * (m->id + 1) / t.threads;
+  const auto [b, e] = share(n, m->id, t.threads);
   if (b < e) body(b, e);
   t.wait();
   return true;
