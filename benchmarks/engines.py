@@ -352,7 +352,10 @@ class Torchformer:
         times, out = [], []
         for tok in self.tfm.stream(self.model, x, max_new_tokens=n, compile=self.compile):
             times.append(time.perf_counter())
-            out.append(int(tok[0]))
+            # row 0's token as an int, read as llama.cpp's sampler hands its ints over: tolist()
+            # copies the values out; int(tok[0]) first makes a view through torch's indexing,
+            # whose code a step had evicted (toy int4: ~10 us more a token, 2026-12-07)
+            out.append(tok.tolist()[0])
         return rates(t0, times, time.perf_counter(), len(ids)) + (out,)
 
     def prefill(self, ids: list[list[int]], n: int) -> float:

@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     new, first = [], None
     for tok in tokens:
         first = first or time.perf_counter()
-        new.append(int(tok[0]))
+        new.append(tok.tolist()[0])  # the values themselves: int(tok[0]) makes a view first
         if args.stream:
             printer.add(new[-1])
     end = time.perf_counter()

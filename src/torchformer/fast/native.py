@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("kernels.cpp", "bf16.cpp", "quantized.cpp", "dequant.cpp", "step.cpp")]
 # included by the sources: part of the build's key
-INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h", CSRC / "guided.h", CSRC / "team.h"]
+INCLUDED = [CSRC / "quantized_kernels.inc", CSRC / "wide.h", CSRC / "guided.h", CSRC / "team.h", CSRC / "py_iter.h"]
 NAME = "torchformer_kernels"  # the extension's name in torch's build cache
 STAMP = "finished"  # written beside the library once a build and import succeeded (``built``)
 # One build per instruction set (csrc/wide.h: 16 lanes as one zmm or two ymm registers).

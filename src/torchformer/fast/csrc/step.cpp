@@ -32,6 +32,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <omp.h>
 
+#include "py_iter.h"
 #include "team.h"
 
 #include <algorithm>
@@ -472,11 +473,12 @@ class DecoderStep {
 
 // A greedy decode over a step from the token `last` at `pos`: each next() runs the step on the last
 // token and gives the one it chose, a (1,) int64 tensor (with its logits (1, V) where Scores), up to
-// n of them, none after a token in `stop`. The whole loop between two tokens is this call
-// (fast/native_step.py: a Python generator and torch ops between two steps cost ~20 us a token at
-// the toy shape, where the step's weight stream had evicted everything they touch). For the same
-// reason the tokens' tensors (and their Python objects) are made up to POOL at a time, each a view
-// of one block: one made after a step took ~6 us there, everything it touches cold.
+// n of them, none after a token in `stop`. The whole loop between two tokens is this call, through
+// a plain CPython iterator (py_iter.h) (fast/native_step.py: a Python generator and torch ops
+// between two steps cost ~20 us a token at the toy shape, where the step's weight stream had
+// evicted everything they touch). For the same reason the tokens' tensors (and their Python
+// objects) are made up to POOL at a time, each a view of one block: one made after a step took ~6
+// us there, everything it touches cold.
 template <bool Scores>
 class Greedy {
  public:
@@ -484,8 +486,8 @@ class Greedy {
   Greedy(DecoderStep& step, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop)
       : step_(step), last_(last), pos_(pos), left_(n), stop_(std::move(stop)) {}
 
-  pybind11::object next() {  // called with the GIL, which the step releases
-    if (left_ <= 0 || std::find(stop_.begin(), stop_.end(), last_) != stop_.end()) throw pybind11::stop_iteration();
+  PyObject* next() {  // called with the GIL, which the step releases; null: no more tokens
+    if (left_ <= 0 || std::find(stop_.begin(), stop_.end(), last_) != stop_.end()) return nullptr;
     if constexpr (Scores) {
       torch::Tensor tok, logits;
       {
@@ -497,7 +499,7 @@ class Greedy {
         tok.data_ptr<int64_t>()[0] = last_;
       }
       ++pos_, --left_;
-      return pybind11::cast(std::make_tuple(tok, logits));
+      return pybind11::cast(std::make_tuple(tok, logits)).release().ptr();
     } else {
       if (pool_.empty()) refill();
       {
@@ -507,7 +509,7 @@ class Greedy {
       ++pos_, --left_;
       *slots_.back() = last_;
       slots_.pop_back();
-      pybind11::object tok = std::move(pool_.back());
+      PyObject* tok = pool_.back().release().ptr();
       pool_.pop_back();
       return tok;
     }
@@ -532,18 +534,14 @@ class Greedy {
   std::vector<int64_t*> slots_;
 };
 
+// step.<method>(last, pos, n, stop): a Greedy<Scores> iterator (type `name`), which keeps its step.
 template <bool Scores>
-void bind_greedy(pybind11::module& m, pybind11::class_<DecoderStep>& step, const char* name, const char* method) {
-  step.def(
-      method,
-      [](DecoderStep& s, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop) {
-        return Greedy<Scores>(s, last, pos, n, std::move(stop));
-      },
-      pybind11::keep_alive<0, 1>());  // the iterator keeps its step
-  pybind11::class_<Greedy<Scores>>(m, name)
-      .def("__iter__", [](Greedy<Scores>& g) -> Greedy<Scores>& { return g; },
-           pybind11::return_value_policy::reference_internal)
-      .def("__next__", &Greedy<Scores>::next);
+void bind_greedy(pybind11::class_<DecoderStep>& step, const char* name, const char* method) {
+  PyTypeObject* type = PyIterator<Greedy<Scores>>::type(name);
+  step.def(method, [type](pybind11::object self, int64_t last, int64_t pos, int64_t n, std::vector<int64_t> stop) {
+    auto it = std::make_unique<Greedy<Scores>>(self.cast<DecoderStep&>(), last, pos, n, std::move(stop));
+    return PyIterator<Greedy<Scores>>::wrap(type, std::move(it), self);
+  });
 }
 
 }  // namespace
@@ -554,6 +552,6 @@ void bind_step(pybind11::module& m) {
   step.def(pybind11::init<std::vector<torch::Tensor>, std::vector<int64_t>, std::vector<double>>())
       .def("set_cache", &DecoderStep::set_cache)
       .def("run", &DecoderStep::run, nogil());
-  bind_greedy<false>(m, step, "Greedy", "greedy");
-  bind_greedy<true>(m, step, "GreedyScores", "greedy_scores");
+  bind_greedy<false>(step, "torchformer_kernels.Greedy", "greedy");
+  bind_greedy<true>(step, "torchformer_kernels.GreedyScores", "greedy_scores");
 }
