@@ -216,6 +216,25 @@ def test_the_token_iterator_gives_the_tokens_with_or_without_their_logits():
     assert torch.equal(torch.cat(plain), torch.cat([t for t, _ in pairs]))
 
 
+def test_the_token_loop_is_an_iterator_that_keeps_its_step_and_raises_its_errors():
+    """The step's token loop (csrc/py_iter.h: a plain CPython iterator type) keeps the step it runs
+    once the caller has dropped it, ends after n tokens, and a step's error reaches Python as the
+    RuntimeError the step raises, not a crash."""
+    model = model_for("int4")
+    with packed(model, 1):
+        step = native_step.plan(model, 1, lambda: None)
+        cache = model.new_cache(1, 8)  # slots 0..8
+        assert step.bind(cache)
+    assert len(list(step.step.greedy(3, 0, 3, []))) == 3
+    it = step.step.greedy(3, 5, 10, [])
+    assert iter(it) is it
+    del step
+    tokens = [next(it) for _ in range(4)]  # positions 5..8
+    assert all(t.shape == (1,) and t.dtype == torch.long and 0 <= int(t) < VOCAB for t in tokens)
+    with pytest.raises(RuntimeError, match="position 9 is outside the cache of 9 slots"):
+        next(it)
+
+
 @pytest.mark.parametrize("threads", [1, 3])
 def test_a_team_of_another_size_decodes_the_same(threads):
     """Each thread's share of the heads (q/k/v rows and attention), of every product and of the

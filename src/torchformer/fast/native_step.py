@@ -227,9 +227,10 @@ class NativeStep:
         """Up to n greedy tokens (1,) from the prompt's logits (1, V) and the next position (1, 1),
         ending after a token in ``stop`` (EOS ids), as generation.generate's loop gives them for one
         row; with ``scores`` (token, logits (1, V)) pairs. After the first, each is one call into
-        csrc/step.cpp's loop (``Greedy``), which chooses the token with the logits, so no Python
-        frame and no torch op run between two steps (at the toy shape a generator and the ops
-        between steps cost ~20 us a token: the step's weight stream had evicted all they touch)."""
+        csrc/step.cpp's loop (``Greedy``, a plain CPython iterator: csrc/py_iter.h), which chooses
+        the token with the logits, so no Python frame and no torch op run between two steps (at the
+        toy shape a generator and the ops between steps cost ~20 us a token: the step's weight
+        stream had evicted all they touch)."""
         tok = logits.argmax(-1)  # (1,): the first index of the maximum, as the step's own
         rest = (self.step.greedy_scores if scores else self.step.greedy)(int(tok), int(pos), n - 1, sorted(stop))
         return itertools.chain(((tok, logits) if scores else tok,), rest)
