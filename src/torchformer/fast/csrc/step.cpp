@@ -327,15 +327,19 @@ class DecoderStep {
     for (d = 0; d < D; ++d) x[d] = bf16(bf16(h[d] * r) * widen(wp[d]));
   }
 
-  // out = x W^T, the team's barrier at its end.
-  void project(Own& me, const Proj& p, const float* x, float* out) const {
+  // out[n0, n0 + n) = x W[n0, n0 + n)^T (rows from a panel group's start: splits_at), shared by
+  // the team where this thread is in one (the kernels' chunks, the team's barrier at the end).
+  void multiply(Own& me, const Proj& p, const float* x, int64_t n0, int64_t n, float* out) const {
+    const uint8_t* w = static_cast<const uint8_t*>(p.wp) + n0 / 16 * p.rows_apart;
     if (p.bits == 16) {
       for (int64_t k = 0; k < p.K; ++k) me.xb[k] = bf16_bits(x[k]);  // x is rounded already
-      bf16_row(me.xb.data(), static_cast<const uint16_t*>(p.wp), p.N, p.K, out);
+      bf16_row(me.xb.data(), reinterpret_cast<const uint16_t*>(w) + n0 % 16 * p.K, n, p.K, out + n0);
     } else {
-      panel_row(p.bits, static_cast<const uint8_t*>(p.wp), p.sp, p.half, p.N, p.K, p.G, p.ways, x, out, me.aligned);
+      panel_row(p.bits, w, p.sp, p.half, n, p.K, p.G, p.ways, x, out + n0, me.aligned);
     }
   }
+  // out = x W^T, the team's barrier at its end.
+  void project(Own& me, const Proj& p, const float* x, float* out) const { multiply(me, p, x, 0, p.N, out); }
   // dst[f] = silu(g_f) * u_f for f in [f0, f1) as the model rounds them (silu(g), then the product),
   // from y: g at [0, F), u at [F, 2F), in the model's dtype.
   void gated(const float* y, int64_t f0, int64_t f1, float* dst) const {
@@ -359,13 +363,7 @@ class DecoderStep {
   void project_rows(Own& me, const Proj& p, const float* x, int64_t n0, int64_t n, float* out) const {
     Member* in_team = member;
     member = nullptr;  // the kernels run their chunks here: inside the region, not shared
-    const uint8_t* w = static_cast<const uint8_t*>(p.wp) + n0 / 16 * p.rows_apart;
-    if (p.bits == 16) {
-      for (int64_t k = 0; k < p.K; ++k) me.xb[k] = bf16_bits(x[k]);
-      bf16_row(me.xb.data(), reinterpret_cast<const uint16_t*>(w) + n0 % 16 * p.K, n, p.K, out + n0);
-    } else {
-      panel_row(p.bits, w, p.sp, p.half, n, p.K, p.G, p.ways, x, out + n0, me.aligned);
-    }
+    multiply(me, p, x, n0, n, out);
     member = in_team;
   }
 
@@ -409,7 +407,7 @@ class DecoderStep {
       norm(me.h.data(), L.attn_w, L.attn_eps, me.x.data());
       float* y = me.y.data();  // q, k, v as the model holds them
       int64_t k0 = 0, k1 = KH;  // the KV heads whose q, k, v this thread needs: all, or its own
-      const int T = member->team->threads;
+      const int T = team->threads;
       if (by_heads && KH % T == 0) {
         // The attention's tasks split the KV heads evenly (team.h team_static): this thread's heads'
         // q, k and v rows, multiplied here, are all its tasks read, so no barrier comes between, and
