@@ -733,6 +733,7 @@ def measure_format(shape: str, fmt: str, args, cache: Path, skipped: dict, logs:
             t0 = time.perf_counter()
             w.ask("measure")  # warm-up: first-call costs and compiles stay out of the rounds
             rows.append({"system": name, "format": fmt, "engine": spec["system"], **hello,
+                         "kv_per_key": kv_bytes_per_key(shape), "keys": decode_keys(args.prompts[0], args.new_tokens),
                          "warmup_s": time.perf_counter() - t0, "samples": []})  # fmt: skip
             log(f"{shape} {fmt}: {name} loaded in {hello['load_s']:.1f} s, warmed up in {rows[-1]['warmup_s']:.1f} s")
         for r in range(args.rounds):
@@ -759,6 +760,32 @@ def bf16_streamed_bytes(shape: str) -> int:
     h, kv = s["hidden"], s["kv_heads"] * (s["hidden"] // s["heads"])
     layer = 2 * h * h + 2 * h * kv + 3 * h * s["d_ff"] + 2 * h  # q, o; k, v; gate, up, down; 2 norms
     return 2 * (s["layers"] * layer + h + s["vocab"] * h)  # + the final norm and the head
+
+
+def kv_bytes_per_key(shape: str) -> int:
+    """Bytes of one cached position of one row, every layer's key and value at 16 bits: what a decode
+    step reads per key it attends over, besides the weights (torchformer's bf16 cache, llama.cpp's
+    f16 one; a wider cache is counted the same: these are the bytes the step needs)."""
+    s = SHAPES[shape]
+    return s["layers"] * 2 * s["kv_heads"] * (s["hidden"] // s["heads"]) * 2
+
+
+def decode_keys(prompt: int, new_tokens: int) -> dict[str, float]:
+    """The mean number of keys a decode step attends over, per rate of ``rates``: the step that makes
+    new token i (i = 1 .. n - 1; token 0 comes from the prefill) attends over prompt + i keys; the
+    steady rate counts the steps after the first WARM_TOKENS."""
+    return {"tok_s": prompt + new_tokens / 2, "steady_tok_s": prompt + (WARM_TOKENS + new_tokens) / 2}
+
+
+def read_bytes(row: dict, batch: int, key: str = "tok_s", weights_only: bool = False) -> float:
+    """Bytes one decode step of ``row`` reads at ``batch``: its weights once, and each row's KV cache
+    over the keys a step attends over on average (``kv_per_key`` x ``keys``, where the row has them).
+    At the toy shape (8 KV heads of 64 for a hidden 512) the cache is ~8% of the int4 weights' bytes
+    at the benchmark's positions and read at the same rate as they are (2026-12-07: a step without its
+    attention 41 us faster than with it, 21 us of which with the cache already in L2); at the 1B shape
+    0.4%."""
+    kv = 0.0 if weights_only or "kv_per_key" not in row else batch * row["kv_per_key"] * row["keys"][key]
+    return row["bytes"] + kv
 
 
 def bound_worker(shape: str, args, logs: Path) -> Worker:
@@ -794,7 +821,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
         + "".join(f"prefill {p} (ms, batch 1) | " for p in long)
         + "decode tok/s | decode vs llama.cpp | "
         + "".join(f"prefill {p} vs llama.cpp | " for p in long)
-        + f"MB read / step | GB/s | of bound | of bound after {WARM_TOKENS} tokens | "
+        + f"MB read / step (weights + KV) | GB/s | of bound | of bound after {WARM_TOKENS} tokens | "
+        + "weights only: of bound | "
         + "peak RSS (MiB) | warm-up (s) | load |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -804,7 +832,8 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             peer = next((p for p in rows if p["format"] == r["format"] and p["engine"] == "llama.cpp"
                          and (p["system"].split()[1] == file_kind(r) or not file_kind(r))), None)  # fmt: skip
             pc = cells(peer, b) if peer and r["engine"] != "llama.cpp" else None
-            gbs = r["bytes"] * c["tok_s"] / b / 1e9 if c["tok_s"] else float("nan")
+            gbs = read_bytes(r, b) * c["tok_s"] / b / 1e9 if c["tok_s"] else float("nan")
+            weights, kv = r["bytes"] / 1e6, (read_bytes(r, b) - r["bytes"]) / 1e6
             long_cells = "".join(f"{c.get(f'prefill_{p}_ms', 0):.0f} | " if b == 1 else "- | " for p in long)
             long_ratio = "".join(
                 (ratio(pc[f"prefill_{p}_ms"], c[f"prefill_{p}_ms"]) if pc and b == 1 else "-") + " | " for p in long
@@ -812,8 +841,9 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             lines.append(
                 f"| {FORMAT_LABEL[r['format']]} | {r['system']} | {b} | {c['prefill_ms']:.0f} | {long_cells}"
                 f"{c['tok_s'] or float('nan'):.1f} | {ratio(c['tok_s'], pc['tok_s']) if pc else '-'} | {long_ratio}"
-                f"{r['bytes'] / 1e6:.0f} | {gbs:.1f} | {of_bound(r, b, bound):.0%} | "
-                f"{of_bound(r, b, bound, 'steady_tok_s'):.0%} | {c['rss_mb']:.0f} | "
+                f"{weights:.{1 if weights < 100 else 0}f} + {kv:.{1 if kv < 100 else 0}f} | {gbs:.1f} | "
+                f"{of_bound(r, b, bound):.0%} | {of_bound(r, b, bound, 'steady_tok_s'):.0%} | "
+                f"{of_bound(r, b, bound, weights_only=True):.0%} | {c['rss_mb']:.0f} | "
                 f"{r['warmup_s']:.0f} | {c['load']:.1f} |"
             )
     return "\n".join(lines)
@@ -841,12 +871,14 @@ def memory_notes(rows: list[dict]) -> list[str]:
             + "; ".join(parts)]  # fmt: skip
 
 
-def of_bound(row: dict, batch: int, bound: float, key: str = "tok_s") -> float:
-    """The row's weight reads over the streaming bound at ``batch``: the median over rounds of each
-    round's GB/s (from ``key``: the decode rate, or the steady one) over the bound read around it
-    (``measure_format``); ``bound`` for samples without one."""
+def of_bound(row: dict, batch: int, bound: float, key: str = "tok_s", weights_only: bool = False) -> float:
+    """The row's reads (``read_bytes``: weights and KV cache, or the weights only) over the streaming
+    bound at ``batch``: the median over rounds of each round's GB/s (from ``key``: the decode rate,
+    or the steady one) over the bound read around it (``measure_format``); ``bound`` for samples
+    without one."""
+    per_step = read_bytes(row, batch, key, weights_only)
     fractions = sorted(
-        row["bytes"] * t / batch / 1e9 / s.get("bound", bound)
+        per_step * t / batch / 1e9 / s.get("bound", bound)
         for s in row["samples"]
         if (t := s["batches"][str(batch)].get(key))
     )
@@ -1166,11 +1198,14 @@ def run_shape(shape: str, args, skipped: dict, logs: Path) -> str:
         f"{args.new_tokens} new tokens after a {args.prompts[0]}-token random prompt",
         f"streaming bound (benchmarks.decode.streaming_reader over {n_bytes / 1e6:.0f} MB, the bf16 model's bytes, "
         f"read just before and just after each row's turn in every round): {min(readings):.1f}-{bound:.1f} GB/s over "
-        "the run; GB/s = weights read per step x steps/s (at batch 8 a step decodes 8 tokens) in the row's best "
-        "round; of bound = the median over the rounds of the row's GB/s over the mean of the two readings around "
-        f"its turn; after {WARM_TOKENS} tokens: the same from the decode rate of the tokens after the first "
-        f"{WARM_TOKENS} decoded (the bound is a warm read; the first tokens after a prefill or an idle spell re-read "
-        "weights the host's shared L3 lost meanwhile: WARM_TOKENS)",
+        "the run; MB read / step = the weights as the system stores them + the KV cache a step attends over "
+        f"({kv_bytes_per_key(shape) / 1e3:.1f} KB a key and row at 16 bits, {args.prompts[0]} + {args.new_tokens} / 2 "
+        "keys on average, x the batch); GB/s = those bytes x steps/s (at batch 8 a step decodes 8 tokens) in the "
+        "row's best round; of bound = the median over the rounds of the row's GB/s over the mean of the two "
+        f"readings around its turn; after {WARM_TOKENS} tokens: the same from the decode rate of the tokens after "
+        f"the first {WARM_TOKENS} decoded (the bound is a warm read; the first tokens after a prefill or an idle "
+        "spell re-read weights the host's shared L3 lost meanwhile: WARM_TOKENS); weights only: of bound counting "
+        "the weights' bytes alone",
         "ratios: torchformer / llama.cpp in the same format (8-bit vs Q8_0, 4-bit vs Q4_0; torchformer on a GGUF "
         "file vs llama.cpp on that file); prefill ratios are speeds (llama.cpp ms / ours)",
         f"load: the lowest 1-minute load average read after the row's rounds (the measured worker itself adds up "

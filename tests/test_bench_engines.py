@@ -221,6 +221,46 @@ def test_the_bound_reads_the_bf16_models_streamed_bytes(shape):
     assert engines.bf16_streamed_bytes(shape) == engines.torch_streamed_bytes(model)
 
 
+@pytest.mark.parametrize("shape", ["toy", "1b"])
+def test_a_steps_kv_bytes_are_one_position_of_the_shapes_bf16_cache_per_key(shape):
+    """The KV term of the bytes a step reads: per key and row, one position of the cache the shape's
+    bf16 model allocates (new_cache of one row, two lengths: the difference is one position)."""
+    import torch
+
+    import torchformer as tfm
+
+    s = engines.SHAPES[shape]
+    cfg = tfm.ModelConfig(vocab_size=64, d_model=s["hidden"], n_layers=s["layers"], max_seq_len=64,
+                          attention=tfm.AttentionConfig(n_heads=s["heads"], n_kv_heads=s["kv_heads"], bias=False),
+                          block=tfm.BlockConfig(norm="rmsnorm", mlp="swiglu", d_ff=64, bias=False),
+                          positions=tfm.RoPE())  # fmt: skip
+    with torch.device("meta"):
+        model = tfm.build_model(cfg).to(torch.bfloat16)
+
+    def held(length):
+        cache = model.new_cache(1, length)
+        return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.k, layer.v))
+
+    assert engines.kv_bytes_per_key(shape) == held(9) - held(8)
+
+
+def test_the_mean_keys_are_those_of_the_steps_each_rate_counts():
+    """Decode step i (i = 1 .. n - 1) makes token i from the token before, at position prompt + i - 1,
+    so it attends over prompt + i keys; the steady rate counts the steps after WARM_TOKENS (rates)."""
+    prompt, n, w = 64, 48, engines.WARM_TOKENS
+    keys = [prompt + i for i in range(1, n)]
+    got = engines.decode_keys(prompt, n)
+    assert got["tok_s"] == pytest.approx(sum(keys) / len(keys))
+    assert got["steady_tok_s"] == pytest.approx(sum(keys[w:]) / len(keys[w:]))
+    row = {"bytes": 1e6, "kv_per_key": 100, "keys": got}
+    assert engines.read_bytes(row, 8) == pytest.approx(1e6 + 8 * 100 * sum(keys) / len(keys))
+    assert engines.read_bytes(row, 8, weights_only=True) == 1e6
+    # of bound counts both: 10 steps/s of 1e6 + 8,800 bytes against a bound of 1 GB/s
+    sample = {"batches": {"1": {"tok_s": 10.0}}, "bound": 1.0}
+    assert engines.of_bound({**row, "samples": [sample]}, 1, 99.0) == pytest.approx((1e6 + 8800) * 10 / 1e9)
+    assert engines.of_bound({**row, "samples": [sample]}, 1, 99.0, weights_only=True) == pytest.approx(0.01)
+
+
 def test_of_bound_pairs_each_round_with_its_own_reading():
     """A row read in a slow spell is held against the bound read in that spell: the median of the
     per-round fractions, not the best speed over the best bound."""
@@ -258,8 +298,9 @@ def test_each_rows_turn_is_held_against_the_bound_read_just_before_and_after_it(
 
     monkeypatch.setattr(engines, "worker_specs", lambda *a: [("a", {"system": "torchformer"}), ("b", {"system": "x"})])
     monkeypatch.setattr(engines, "Worker", Fake)
-    args = type("Args", (), {"rounds": 2})()
+    args = type("Args", (), {"rounds": 2, "prompts": [64], "new_tokens": 48})()
     rows = engines.measure_format("toy", "bf16", args, tmp_path, {}, tmp_path, Bound())
+    assert rows[0]["kv_per_key"] == engines.kv_bytes_per_key("toy") and rows[0]["keys"]["tok_s"] == 64 + 24
     assert [[s["readings"] for s in r["samples"]] for r in rows] == [[[10.0, 20.0], [12.0, 16.0]],
                                                                      [[20.0, 40.0], [16.0, 18.0]]]  # fmt: skip
     assert [[s["bound"] for s in r["samples"]] for r in rows] == [[15.0, 14.0], [30.0, 17.0]]
