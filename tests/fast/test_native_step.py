@@ -5,6 +5,9 @@ generate's tokens and logits; models it does not compute (QK-norm, Gemma's norm,
 model, two rows) keep the compiled graph; TORCHFORMER_NATIVE_STEP=0 turns it off, a bad value is a
 clear error; a cache it cannot take sends the loop to the compiled step."""
 
+import sys
+import weakref
+
 import pytest
 import torch
 
@@ -233,6 +236,32 @@ def test_the_token_loop_is_an_iterator_that_keeps_its_step_and_raises_its_errors
     assert all(t.shape == (1,) and t.dtype == torch.long and 0 <= int(t) < VOCAB for t in tokens)
     with pytest.raises(RuntimeError, match="position 9 is outside the cache of 9 slots"):
         next(it)
+
+
+def test_the_token_loop_holds_its_tokens_until_its_next_refill_and_none_after_its_end():
+    """The loop's tokens come in blocks of 64 made ahead (csrc/step.cpp ``Greedy``) and it keeps a
+    reference to each token it gave until it makes the next block, so a token the caller drops is
+    freed there, not between two steps. Tokens kept across a refill stay what they were (each a view
+    of its own block), dropped ones are freed at the refill, and the ended loop holds none."""
+    model = model_for("int4")
+    with packed(model, 1):
+        step = native_step.plan(model, 1, lambda: None)
+        cache = model.new_cache(1, 80)
+        assert step.bind(cache)
+    expected = [t for t, _ in step.step.greedy_scores(3, 0, 70, [])]  # fresh tensors a token
+    it = step.step.greedy(3, 0, 70, [])
+    first = next(it)
+    dropped = weakref.ref(next(it))  # the caller lets go at once: the loop still holds it
+    assert dropped() is not None
+    kept = [first] + [next(it) for _ in range(62)]  # tokens 0 and 2..63: the first block given
+    assert dropped() is not None
+    kept.append(next(it))  # token 64: a new block, the first one let go of
+    assert dropped() is None
+    kept += list(it)
+    assert len(kept) == 69 and torch.equal(torch.cat(kept), torch.cat(expected[:1] + expected[2:]))
+    del it, first
+    held_by_us = [sys.getrefcount(t) for t in [torch.zeros(1)]][0]  # a list's tensor counted the same way
+    assert all(sys.getrefcount(t) == held_by_us for t in kept)  # no reference of the loop's left
 
 
 @pytest.mark.parametrize("threads", [1, 3])
