@@ -832,8 +832,9 @@ def engine_table(rows: list[dict], bound: float, args) -> str:
             peer = next((p for p in rows if p["format"] == r["format"] and p["engine"] == "llama.cpp"
                          and (p["system"].split()[1] == file_kind(r) or not file_kind(r))), None)  # fmt: skip
             pc = cells(peer, b) if peer and r["engine"] != "llama.cpp" else None
-            gbs = read_bytes(r, b) * c["tok_s"] / b / 1e9 if c["tok_s"] else float("nan")
-            weights, kv = r["bytes"] / 1e6, (read_bytes(r, b) - r["bytes"]) / 1e6
+            per_step = read_bytes(r, b)
+            gbs = per_step * c["tok_s"] / b / 1e9 if c["tok_s"] else float("nan")
+            weights, kv = r["bytes"] / 1e6, (per_step - r["bytes"]) / 1e6
             long_cells = "".join(f"{c.get(f'prefill_{p}_ms', 0):.0f} | " if b == 1 else "- | " for p in long)
             long_ratio = "".join(
                 (ratio(pc[f"prefill_{p}_ms"], c[f"prefill_{p}_ms"]) if pc and b == 1 else "-") + " | " for p in long

@@ -505,41 +505,37 @@ class Greedy {
       ++pos_, --left_;
       return pybind11::cast(std::make_tuple(tok, logits)).release().ptr();
     } else {
-      if (pool_.empty()) refill();  // past POOL tokens
+      if (given_ == static_cast<int64_t>(pool_.size())) refill();  // past POOL tokens
       {
         pybind11::gil_scoped_release nogil;
         last_ = step_.step(last_, pos_, step_.scratch());
       }
       ++pos_, --left_;
-      *slots_.back() = last_;
-      slots_.pop_back();
-      PyObject* tok = pool_.back().ptr();
-      Py_INCREF(tok);  // the caller's reference; ours stays in given_ until the next refill
-      given_.push_back(std::move(pool_.back()));
-      pool_.pop_back();
+      values_[given_] = last_;
+      PyObject* tok = pool_[given_++].ptr();
+      Py_INCREF(tok);  // the caller's reference; ours stays in pool_ until the next refill
       return tok;
     }
   }
 
  private:
-  // The next tokens' tensors, (1,) views of one (k,) block, last first (next() takes from the back);
-  // the tokens given since the last refill let go of (those the caller dropped are freed here).
+  // The next tokens' tensors, (1,) views of one (k,) block (values_ its data), in order; the block
+  // before let go of (those of its tokens the caller dropped are freed here).
   void refill() {
-    given_.clear();
+    pool_.clear(), given_ = 0;
     const int64_t k = std::min(left_, POOL);
     c10::InferenceMode normal(false);
     auto block = torch::empty({k}, torch::kLong);
-    for (int64_t i = k - 1; i >= 0; --i) {
-      pool_.push_back(pybind11::cast(block.narrow(0, i, 1)));
-      slots_.push_back(block.data_ptr<int64_t>() + i);
-    }
+    values_ = block.data_ptr<int64_t>();  // the views keep the block
+    for (int64_t i = 0; i < k; ++i) pool_.push_back(pybind11::cast(block.narrow(0, i, 1)));
   }
 
   DecoderStep& step_;
   int64_t last_, pos_, left_;
   std::vector<int64_t> stop_;
-  std::vector<pybind11::object> pool_, given_;  // tokens to give, tokens given (held until refill)
-  std::vector<int64_t*> slots_;
+  std::vector<pybind11::object> pool_;  // this block's tokens, the first given_ of them given
+  int64_t given_ = 0;
+  int64_t* values_ = nullptr;
 };
 
 // step.<method>(last, pos, n, stop): a Greedy<Scores> iterator (type `name`), which keeps its step.
